@@ -1,0 +1,41 @@
+# Everyday commands. Each one sets up what it needs on a fresh machine (.venv, demo data).
+#   make demo   set up, then run the whole pipeline on the embedded demo and print a summary
+#   make test   the test suite (what CI runs)
+#   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
+
+.PHONY: demo test ui install data instance clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# constraints.txt pins the CPU build of torch used here; GPU machines bring their own torch.
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $@
+
+data: install
+	$(BIN)/python -m hsx_dagster.demo build --out data
+
+instance:
+	mkdir -p $(DAGSTER_HOME)
+	cp deploy/local/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+
+demo: data instance
+	$(BIN)/dagster asset materialize -m hsx_dagster.definitions --select tokenized_dataset
+	@echo
+	@$(BIN)/python -m hsx_dagster.report
+
+test: data
+	$(BIN)/python -m pytest -q
+
+ui: data instance
+	$(BIN)/dagster dev -m hsx_dagster.definitions -h 127.0.0.1 -p 3000
+
+clean:
+	rm -rf data/out $(DAGSTER_HOME)

@@ -1,0 +1,1 @@
+"""The Dagster assets, one module each: tokenized_dataset, hidden_states, drafter_dataset."""

@@ -1,0 +1,138 @@
+"""`tokenized_dataset`: conversations -> token ids, assistant-only loss masks and shard assignment.
+
+Thin over `hsx_dagster.core.tokenization`: it loads the settings, calls the core, and reports what
+it produced as materialization metadata. The asset check reads the files back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+)
+from pydantic import Field
+
+from hsx_dagster.core.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
+from hsx_dagster.resources import HsxSettings
+
+
+class TokenizeConfig(Config):
+    """Per-run overrides of the dataset settings; unset fields keep hsx.yaml's values."""
+
+    max_length: int | None = Field(None, ge=16, description="Truncate samples to this many tokens")
+    min_loss_tokens: int | None = Field(None, ge=1, description="Reject samples with fewer supervised tokens")
+    thinking: str | None = Field(None, description="keep | strip | exclude_from_loss")
+
+
+@asset(
+    group_name="hsx",
+    kinds={"parquet"},
+    description="Conversations rendered with the target's chat template, tokenised, with assistant-only "
+    "loss masks, balanced into shards by tokens; every rejected input recorded with a reason.",
+)
+def tokenized_dataset(context: AssetExecutionContext, config: TokenizeConfig, settings: HsxSettings) -> MaterializeResult:
+    loaded = settings.load()
+    dataset = loaded.dataset
+    thinking = config.thinking or dataset.thinking
+    if thinking not in ("keep", "strip", "exclude_from_loss"):
+        raise ValueError(f"run config `thinking`: {thinking!r} is not one of keep, strip, exclude_from_loss")
+    options = TokenizeOptions(
+        max_length=config.max_length or dataset.max_length,
+        min_loss_tokens=config.min_loss_tokens or dataset.min_loss_tokens,
+        thinking=thinking,
+        shards=loaded.shards,
+        trust_remote_code=loaded.model.trust_remote_code,
+    )
+    context.log.info(f"settings {loaded.source}: {len(dataset.paths)} input files, {loaded.shards} shards")
+    summary = tokenize_dataset(dataset.paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info)
+    return MaterializeResult(metadata=tokenized_metadata(summary, loaded.tokenized_dir))
+
+
+def tokenized_metadata(summary: TokenizedSummary, tokenized_dir: Path) -> dict:
+    mean = summary.tokens / summary.samples if summary.samples else 0.0
+    return {
+        "dagster/row_count": summary.samples,
+        "samples": summary.samples,
+        "tokens": summary.tokens,
+        "loss_tokens": summary.loss_tokens,
+        "loss_token_fraction": round(summary.loss_tokens / summary.tokens, 4) if summary.tokens else 0.0,
+        "mean_tokens_per_sample": round(mean, 1),
+        "truncated_samples": summary.truncated,
+        "rejected": summary.rejected,
+        "rejects_by_reason": MetadataValue.json(summary.rejects),
+        "shards": len(summary.shards),
+        "shard_token_imbalance_max_over_mean": summary.imbalance,
+        "per_shard": MetadataValue.md(shard_table(summary.shards)),
+        "token_length_histogram": MetadataValue.md(histogram_table(summary.histogram)),
+        "conversations_per_s": summary.conversations_per_s,
+        "elapsed_s": summary.elapsed_s,
+        "bytes": summary.bytes_written,
+        "chat_template_sha256_16": summary.tokenizer["chat_template_sha256_16"],
+        "path": MetadataValue.path(str(tokenized_dir)),
+    }
+
+
+def shard_table(shards: list[dict]) -> str:
+    rows = ["| shard | samples | tokens |", "|---|---:|---:|"]
+    rows += [f"| {s['shard']} | {s['samples']:,} | {s['tokens']:,} |" for s in shards]
+    return "\n".join(rows)
+
+
+def histogram_table(histogram: list[dict]) -> str:
+    widest = max((bucket["samples"] for bucket in histogram), default=0) or 1
+    rows = ["| tokens | samples | |", "|---|---:|---|"]
+    for bucket in histogram:
+        bar = "#" * max(1 if bucket["samples"] else 0, round(30 * bucket["samples"] / widest))
+        rows.append(f"| {bucket['min']}-{bucket['max']} | {bucket['samples']:,} | `{bar}` |")
+    return "\n".join(rows)
+
+
+@asset_check(asset=tokenized_dataset, blocking=True, description="Re-reads the written shards: counts, "
+             "unique sample ids, masks aligned with ids, loss tokens present, shard column consistent.")
+def tokenized_dataset_consistent(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
+    loaded = settings.load()
+    summary = TokenizedSummary.read(loaded.tokenized_dir)
+    problems: list[str] = []
+    seen: set[int] = set()
+    total = 0
+    for entry in summary.shards:
+        file = loaded.tokenized_dir / "samples" / f"{entry['shard']}.parquet"
+        table = pq.read_table(file)
+        total += table.num_rows
+        if table.num_rows != entry["samples"]:
+            problems.append(f"{file.name}: {table.num_rows} rows, summary says {entry['samples']}")
+        if set(table.column("shard").unique().to_pylist()) - {entry["shard"]}:
+            problems.append(f"{file.name}: rows carry another shard's key")
+        duplicates = []
+        for sample_id in table.column("sample_id").to_pylist():
+            if sample_id in seen:
+                duplicates.append(sample_id)
+            seen.add(sample_id)
+        if duplicates:
+            problems.append(f"{file.name}: sample ids seen twice: {duplicates[:5]}")
+        lengths = table.column("input_ids").combine_chunks().value_lengths().to_numpy()
+        mask_lengths = table.column("loss_mask").combine_chunks().value_lengths().to_numpy()
+        if not np.array_equal(lengths, mask_lengths) or not np.array_equal(lengths, table.column("num_tokens").to_numpy()):
+            problems.append(f"{file.name}: input_ids, loss_mask and num_tokens disagree in length")
+        if np.any(table.column("num_loss_tokens").to_numpy() < summary.options["min_loss_tokens"]):
+            problems.append(f"{file.name}: samples with fewer than min_loss_tokens supervised tokens")
+    if total != summary.samples:
+        problems.append(f"{total} rows across shards, summary says {summary.samples}")
+    return AssetCheckResult(
+        passed=not problems,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(problems) or "all shards consistent",
+        metadata={"rows": total, "problems": MetadataValue.json(problems[:20]) if problems else MetadataValue.json([])},
+    )
+

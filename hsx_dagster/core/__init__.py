@@ -1,0 +1,1 @@
+"""The pipeline's core: no Dagster imports. Tokenise, batch, extract, store, read."""

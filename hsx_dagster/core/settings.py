@@ -1,0 +1,274 @@
+"""One settings file for the whole pipeline, validated before any expensive work.
+
+`hsx.yaml` at the repository root is the default; `HSX_CONFIG` names another file. Any key can be
+overridden from the environment as ``HSX_<SECTION>__<KEY>`` (e.g. ``HSX_EXTRACTION__BATCH_SIZE=64``);
+the environment wins over the file. Relative paths resolve against the settings file's folder, so a
+settings file can be moved together with its data.
+
+Every error names the file, the key and the bad value (``SettingsError``), and is raised before
+model weights are touched: the model directory is checked from its ``config.json`` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_layers
+
+CONFIG_ENV_VAR = "HSX_CONFIG"
+DEFAULT_SETTINGS_FILE = "hsx.yaml"
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+class SettingsError(ValueError):
+    """A settings problem, worded for the user: file, key, bad value, what is expected."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSettings(_Section):
+    paths: list[Path] = Field(min_length=1, description="Conversation files: JSONL, JSON array or Parquet")
+    max_length: int = Field(4096, ge=16, description="Samples are truncated to this many tokens")
+    min_loss_tokens: int = Field(1, ge=1, description="Samples with fewer supervised tokens are rejected")
+    thinking: Literal["keep", "strip", "exclude_from_loss"] = Field(
+        "keep",
+        description=(
+            "keep: reasoning as the chat template renders it (supervised); strip: remove "
+            "<think>...</think> from every assistant turn; exclude_from_loss: render it but mask it out"
+        ),
+    )
+
+
+class ModelSettings(_Section):
+    path: Path
+    layers: list[int] | str = Field("eagle3", description="Layer ids, 'eagle3' or 'dflash-K'")
+    include_final: bool = Field(False, description="Also store the final-norm output (what the LM head reads)")
+    trust_remote_code: bool = False
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers_from_env(cls, value: Any) -> Any:
+        # Environment values arrive as strings: accept "[1, 5, 9]" and "1,5,9" as lists.
+        if isinstance(value, str) and (value.startswith("[") or re.fullmatch(r"\s*-?\d+(\s*,\s*-?\d+)*\s*", value)):
+            return json.loads(value if value.startswith("[") else f"[{value}]")
+        return value
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_spec_is_known(cls, value: list[int] | str) -> list[int] | str:
+        try:
+            parse_layer_spec(value)
+        except LayerSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+class ExtractionSettings(_Section):
+    batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
+    max_batch_tokens: int = Field(
+        32768, ge=1, description="Most computed tokens in one forward pass (rows x longest row, padding included)"
+    )
+
+
+class Settings(BaseSettings):
+    """The validated settings. Paths are absolute once loaded through `load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="HSX_", env_nested_delimiter="__", extra="forbid", frozen=True, protected_namespaces=()
+    )
+
+    dataset: DatasetSettings
+    model: ModelSettings
+    shards: int = Field(1, ge=1, le=4096, description="Number of hidden-state partitions (one per GPU run)")
+    output_dir: Path = Path("data/out")
+    extraction: ExtractionSettings = ExtractionSettings()
+
+    # Where the settings came from, for messages and provenance; not a settings key.
+    _source: Path | None = None
+    _num_model_layers: int | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs; the environment overrides them.
+        return (env_settings, init_settings)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def shard_keys(self) -> list[str]:
+        return shard_keys(self.shards)
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Resolved layer ids (the model's config.json was read when the settings were loaded)."""
+        assert self._num_model_layers is not None, "settings were not loaded through load_settings()"
+        return resolve_layers(self.model.layers, self._num_model_layers)
+
+    @property
+    def num_model_layers(self) -> int:
+        assert self._num_model_layers is not None, "settings were not loaded through load_settings()"
+        return self._num_model_layers
+
+    @property
+    def tokenized_dir(self) -> Path:
+        return self.output_dir / "tokenized"
+
+    @property
+    def hidden_states_dir(self) -> Path:
+        return self.output_dir / "hidden_states"
+
+    @property
+    def drafter_dir(self) -> Path:
+        return self.output_dir / "drafter"
+
+    def public_dict(self) -> dict[str, Any]:
+        """JSON-ready settings, for metadata and manifests."""
+        return json.loads(self.model_dump_json())
+
+
+def shard_keys(count: int) -> list[str]:
+    """`shard-00`, `shard-01`, ...; wider numbers only when there are more than 100 shards."""
+    width = max(2, len(str(count - 1)))
+    return [f"shard-{index:0{width}d}" for index in range(count)]
+
+
+def settings_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The settings file to use: the argument, else $HSX_CONFIG, else ./hsx.yaml."""
+    chosen = path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_SETTINGS_FILE
+    return Path(chosen).expanduser().resolve()
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, *, check_files: bool = True) -> Settings:
+    """Read, validate and resolve the settings file; raise `SettingsError` naming the key on any problem.
+
+    With ``check_files`` (the default) the input files and the model directory must exist, and the
+    layer ids are checked against the model's ``config.json``; no weights are read.
+    """
+    file = settings_path(path)
+    if not file.is_file():
+        hint = f" (set {CONFIG_ENV_VAR} or create {DEFAULT_SETTINGS_FILE})" if path is None else ""
+        raise SettingsError(f"settings file not found: {file}{hint}")
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SettingsError(f"{file}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{file}: not UTF-8 text ({exc})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{file}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    try:
+        settings = Settings(**raw)
+    except ValidationError as exc:
+        raise SettingsError(_describe_validation_error(file, exc)) from None
+
+    base = file.parent
+    resolved = settings.model_copy(
+        update={
+            "output_dir": _resolve(base, settings.output_dir),
+            "dataset": settings.dataset.model_copy(
+                update={"paths": [_resolve(base, p) for p in settings.dataset.paths]}
+            ),
+            "model": settings.model.model_copy(update={"path": _resolve(base, settings.model.path)}),
+        }
+    )
+    resolved._source = file
+    if check_files:
+        _check_files(file, resolved)
+        resolved._num_model_layers = read_num_layers(resolved.model.path, file)
+        try:
+            resolve_layers(resolved.model.layers, resolved._num_model_layers)
+        except LayerSpecError as exc:
+            raise SettingsError(f"{file}: key `model.layers`: {exc}") from None
+    return resolved
+
+
+def read_num_layers(model_path: Path, settings_file: Path | None = None) -> int:
+    """Number of decoder layers, read from the model's config.json (no weights, no imports of torch)."""
+    where = f"{settings_file}: key `model.path`: " if settings_file else ""
+    config_file = model_path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SettingsError(f"{where}{model_path} has no config.json (not a Hugging Face model directory)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{where}{config_file} is not valid JSON: {exc}") from None
+    # Multimodal wrappers keep the language model's shape under text_config.
+    for candidate in (config.get("text_config") or {}, config):
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(candidate.get(key), int):
+                return candidate[key]
+    raise SettingsError(f"{where}{config_file} does not say how many layers the model has (num_hidden_layers)")
+
+
+def _check_files(file: Path, settings: Settings) -> None:
+    for index, path in enumerate(settings.dataset.paths):
+        if not path.exists():
+            raise SettingsError(f"{file}: key `dataset.paths[{index}]`: file not found: {path}")
+        if not path.is_file():
+            raise SettingsError(f"{file}: key `dataset.paths[{index}]`: not a file: {path}")
+    model_path = settings.model.path
+    if not model_path.is_dir():
+        raise SettingsError(f"{file}: key `model.path`: model directory not found: {model_path}")
+    if not any((model_path / name).is_file() for name in WEIGHT_FILES):
+        raise SettingsError(
+            f"{file}: key `model.path`: {model_path} holds no weights (expected one of {', '.join(WEIGHT_FILES)})"
+        )
+
+
+def _resolve(base: Path, path: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _describe_validation_error(file: Path, exc: ValidationError) -> str:
+    lines = [f"{file}: invalid settings"]
+    for error in exc.errors():
+        key = _dotted(error["loc"])
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] == "missing":
+            message = "required key is missing"
+        else:
+            message = error["msg"]
+        value = error.get("input")
+        shown = "" if error["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  key `{key}`: {message}{shown}")
+    return "\n".join(lines)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    key = ""
+    for part in loc:
+        # Union members add their type name to the location; it means nothing to a user.
+        if isinstance(part, str) and (part.startswith(("list[", "str", "int")) or part in {"function-after"}):
+            continue
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else part)
+    return key

@@ -1,0 +1,30 @@
+"""The Dagster code location: `hsx_dagster.definitions:defs`.
+
+Settings are read when the definitions load (the number of shard partitions comes from them), so
+a bad hsx.yaml fails here with the key named, before any run starts.
+"""
+
+from __future__ import annotations
+
+from dagster import Definitions
+
+from hsx_dagster.assets.drafter import drafter_dataset
+from hsx_dagster.assets.hidden_states import build_hidden_states
+from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
+from hsx_dagster.core.settings import Settings, load_settings
+from hsx_dagster.partitions import shard_partitions
+from hsx_dagster.resources import GpuResource, HsxSettings
+
+
+def build_definitions(settings: Settings) -> Definitions:
+    return Definitions(
+        assets=[tokenized_dataset, build_hidden_states(shard_partitions(settings)), drafter_dataset],
+        asset_checks=[tokenized_dataset_consistent],
+        resources={
+            "settings": HsxSettings(path=str(settings.source)),
+            "gpu": GpuResource.from_settings(settings),
+        },
+    )
+
+
+defs = build_definitions(load_settings())

@@ -1,0 +1,160 @@
+"""A small byte-level BPE tokenizer for the demo model, with Qwen3- and Llama-3-style chat templates.
+
+Real target tokenizers cannot be downloaded here, so we train one on the generated
+demo conversations.  It mirrors what matters about Qwen3's tokenizer for
+hidden-state extraction: byte-level BPE (lossless round-trip of any text), ChatML
+special tokens, ``<think>``/``</think>`` as ordinary added tokens, no BOS, and a chat
+template that drops reasoning from turns before the last user query.  The Llama-3
+variant gives the tests a second, structurally different template.
+
+Training is deterministic without pinning threads: ``BpeTrainer`` only sums word
+and pair counts (order-independent), sorts the initial alphabet, and breaks ties
+between equally frequent pairs by the pair's token ids, so the merges are a pure
+function of the corpus' word counts.  (Verified: identical tokenizer.json with
+RAYON_NUM_THREADS=1/2/4, TOKENIZERS_PARALLELISM=false, and a shuffled corpus.)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+# Qwen3's chat template without the function-calling parts (``tools`` and
+# ``tool_calls``), which the demo data does not use.  Reasoning is taken from
+# ``reasoning_content`` or split off ``<think>...</think>``; it is kept only for
+# assistant turns after the last real user query (earlier turns are rendered as
+# the model saw them at inference time: answer only).  Tool messages become user
+# turns wrapping ``<tool_response>`` blocks; consecutive ones share a turn.
+QWEN3_STYLE_CHAT_TEMPLATE = """\
+{%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == 'user' and message.content is string
+        and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+# Llama-3-Instruct layout: BOS in the template, headers around the role, trimmed content.
+LLAMA3_STYLE_CHAT_TEMPLATE = """\
+{{- '<|begin_of_text|>' }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+
+def _special(token: str) -> AddedToken:
+    return AddedToken(token, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
+
+
+def train_demo_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTrainedTokenizerFast:
+    """Train the demo byte-level BPE on ``texts`` (in order) and wrap it as a HF tokenizer.
+
+    ``vocab_size`` counts the five added tokens, so ``len(tokenizer) == vocab_size``
+    unless the corpus runs out of merges first.  Regex pre-tokenization means BPE
+    merges never cross word boundaries, and the byte-level decoder makes
+    ``decode(encode(text)) == text`` for any string.
+    """
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) - len(THINK_TOKENS),
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    # Like Qwen: specials and think tags come after the learned vocabulary.
+    bpe.add_special_tokens([_special(t) for t in SPECIAL_TOKENS])
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        bos_token=None,
+        chat_template=QWEN3_STYLE_CHAT_TEMPLATE,
+        model_max_length=8192,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | os.PathLike[str]) -> None:
+    """Save with the chat template inside tokenizer_config.json, as Qwen3 checkpoints ship it."""
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+
+
+def make_llama3_style_tokenizer(
+    base_tokenizer_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
+) -> PreTrainedTokenizerFast:
+    """Save a copy of the demo tokenizer with Llama-3 special tokens and chat template.
+
+    Same BPE merges, different control tokens, BOS baked into the template and
+    ``eos_token='<|eot_id|>'``: a second template for tests that must not assume ChatML.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(base_tokenizer_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(LLAMA3_SPECIAL_TOKENS)})
+    tokenizer.eos_token = "<|eot_id|>"
+    tokenizer.chat_template = LLAMA3_STYLE_CHAT_TEMPLATE
+    save_tokenizer(tokenizer, out_dir)
+    return tokenizer
