@@ -134,7 +134,6 @@ def test_real_sharegpt_dump_parses():
     assert len(records) == 500
     conversations = [r for r in records if isinstance(r, Conversation)]
     rejects = [r for r in records if isinstance(r, Reject)]
-    assert len(conversations) + len(rejects) == 500
-    assert len(conversations) >= 490
+    assert len(conversations) == 500 and not rejects  # a clean real-world dump: nothing to reject
     assert all(any(m.role == "assistant" for m in c.messages) for c in conversations)
     assert conversations[0].messages[0] == Message("user", "Who are you?")

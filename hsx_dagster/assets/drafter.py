@@ -4,7 +4,6 @@ Assembly (global index, manifest, split, checks) lands with issue #4, after extr
 it fails with a clear message instead of producing an empty or partial dataset.
 """
 
-from __future__ import annotations
 
 from dagster import AllPartitionMapping, AssetDep, AssetExecutionContext, Failure, MaterializeResult, asset
 

@@ -5,7 +5,6 @@ op refuses to run with a clear failure rather than writing anything that could b
 real hidden states; the asset is here so the graph, partitions and the `gpu` resource are complete.
 """
 
-from __future__ import annotations
 
 from dagster import AssetExecutionContext, AssetSpec, Failure, MaterializeResult, StaticPartitionsDefinition, multi_asset
 

@@ -4,7 +4,6 @@ Thin over `hsx_dagster.core.tokenization`: it loads the settings, calls the core
 it produced as materialization metadata. The asset check reads the files back.
 """
 
-from __future__ import annotations
 
 from pathlib import Path
 

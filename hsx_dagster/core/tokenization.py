@@ -327,11 +327,12 @@ def _reject_table(rejects: Sequence[Reject]) -> pa.Table:
 
 
 def length_histogram(num_tokens: np.ndarray) -> list[dict]:
-    """Sample counts per power-of-two token-length bucket, up to the longest sample."""
+    """Sample counts per power-of-two token-length bucket; the last bucket ends at the longest sample."""
     if len(num_tokens) == 0:
         return []
     top = int(np.max(num_tokens))
-    edges = [edge for edge in HISTOGRAM_EDGES if edge <= top] + [next((e for e in HISTOGRAM_EDGES if e > top), top + 1)]
+    # The last bucket ends at the longest sample, so the table also shows the maximum.
+    edges = [edge for edge in HISTOGRAM_EDGES if edge <= top] + [top + 1]
     counts, _ = np.histogram(num_tokens, bins=edges)
     return [{"min": int(lo), "max": int(hi) - 1, "samples": int(c)} for lo, hi, c in zip(edges[:-1], edges[1:], counts)]
 

@@ -19,15 +19,16 @@ import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 Message = dict[str, str]
 Conversation = list[Message]
 
 # OpenAI role -> ShareGPT "from" value.
 SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
 
-# Fractions of conversations with each feature (the brief for the demo data).
+# Fraction of conversations with each feature.
 SYSTEM_RATE = 0.30
 REASONING_RATE = 0.30
 TOOL_RATE = 0.02
@@ -35,12 +36,12 @@ TOOL_RATE = 0.02
 # Lognormal word-count parameters per message kind: (mu, sigma, cap).  Tuned so
 # the templated conversations average ~335 demo-tokenizer tokens with a thin tail
 # past 2,000 tokens (numbers measured are in data/README.md).
-_USER_WORDS = (3.0, 0.9, 900)
-_ASSISTANT_WORDS = (4.3, 0.75, 2600)
-_REASONING_WORDS = (3.6, 0.7, 900)
+_USER_WORDS = (2.5, 1.0, 900)
+_ASSISTANT_WORDS = (3.05, 1.4, 3600)
+_REASONING_WORDS = (3.3, 0.7, 900)
 # Chance that a user turn pastes a long document/code listing to ask about.
-_PASTE_RATE = 0.04
-_PASTE_WORDS = (5.2, 0.8, 2600)
+_PASTE_RATE = 0.025
+_PASTE_WORDS = (5.0, 0.8, 2600)
 
 _NOUNS = (
     "account", "action", "address", "agent", "algorithm", "answer", "archive", "array", "artifact",
@@ -142,6 +143,7 @@ def _a(word: str) -> str:
 
 
 def _third_person(verb: str) -> str:
+    """"fix" -> "fixes", "copy" -> "copies": same spelling rules as plurals."""
     return _plural(verb)
 
 
@@ -222,7 +224,10 @@ class _TextGenerator:
             )
         if kind == 8:
             return f"Do you want the {self.adj()} {n1} or the {self.adj()} {n2}?"
-        return f"{_a(self.adj()).capitalize()} {n1} and {_a(self.adj())} {n2} should {self.verb()} the same {self.noun()}."
+        return (
+            f"{_a(self.adj()).capitalize()} {n1} and {_a(self.adj())} {n2} should {self.verb()} "
+            f"the same {self.noun()}."
+        )
 
     def paragraph(self, sentences: int) -> str:
         return " ".join(self.sentence() for _ in range(max(1, sentences)))
@@ -251,14 +256,14 @@ class _TextGenerator:
             while len(body) < lines:
                 var = self.noun()
                 body.append(f"    for {var} in {_plural(arg)}[:limit]:")
-                body.append(f"        if {var}.{self.adj().replace(' ', '_')}_{self.noun()} > {r.randint(0, 99)}:")
+                body.append(f"        if {var}.{r.choice(_ADJECTIVES)}_{self.noun()} > {r.randint(0, 99)}:")
                 body.append(f"            result.append({self.ident()}({var}))")
             body.append("    return result")
         elif lang == "bash":
             while len(body) < lines:
                 body.append(
                     f"{r.choice(('git', 'docker', 'kubectl', 'python -m', 'make'))} {self.verb()} "
-                    f"--{self.noun()}={self.adj().replace(' ', '-')} ./{self.noun()}/{self.noun()}.txt"
+                    f"--{self.noun()}={r.choice(_ADJECTIVES)} ./{self.noun()}/{self.noun()}.txt"
                 )
         elif lang == "json":
             items = [
@@ -357,7 +362,10 @@ class _TextGenerator:
         words = self.lognormal_words(_REASONING_WORDS)
         while sum(len(s.split()) for s in steps) < words:
             lead = r.choice(("First,", "Then", "Wait,", "Actually,", "Also,", "So", "But"))
-            steps.append(f"{lead} {self.sentence()[0].lower()}{self.sentence()[1:]}")
+            sentence = self.sentence()
+            if not sentence.startswith(_NAMES):
+                sentence = sentence[0].lower() + sentence[1:]
+            steps.append(f"{lead} {sentence}")
         steps.append(r.choice(("I think that covers it.", "Let me write the answer.", "That should work.")))
         # Reasoning is often split into short paragraphs.
         paras: list[str] = []
@@ -429,7 +437,7 @@ def to_sharegpt(conversation_id: str, messages: Sequence[Message]) -> dict[str, 
     }
 
 
-# Malformed records appended on purpose so the demo exercises reject handling.
+# Malformed records mixed in on purpose so the demo exercises reject handling.
 SHAREGPT_FLAWED: tuple[dict[str, Any], ...] = (
     {"id": "flawed-empty", "conversations": []},
     {"id": "flawed-no-reply", "conversations": [{"from": "human", "value": "Is anyone there?"}]},
@@ -456,16 +464,17 @@ OPENAI_FLAWED_LINES: tuple[str, ...] = (
 )
 
 
-def _insert_positions(n_valid: int, n_flawed: int, seed: int) -> list[int]:
-    """Spread flawed records through the file so rejects are not all at the end."""
-    return sorted(random.Random(seed).sample(range(n_valid + 1), n_flawed))
+def _with_flawed(valid: Sequence[T], flawed: Sequence[T], seed: int) -> list[T]:
+    """Spread the flawed items through the valid ones so rejects are not all at the end."""
+    positions = set(random.Random(seed).sample(range(len(valid) + len(flawed)), len(flawed)))
+    valid_iter, flawed_iter = iter(valid), iter(flawed)
+    return [next(flawed_iter) if i in positions else next(valid_iter) for i in range(len(valid) + len(flawed))]
 
 
 def write_sharegpt(path: Path, conversations: Sequence[Conversation], *, seed: int) -> int:
     """Write a ShareGPT JSON array (valid records + ``SHAREGPT_FLAWED``); return the record count."""
-    records: list[dict[str, Any]] = [to_sharegpt(f"sharegpt-{i:05d}", c) for i, c in enumerate(conversations)]
-    for offset, (pos, bad) in enumerate(zip(_insert_positions(len(records), len(SHAREGPT_FLAWED), seed), SHAREGPT_FLAWED)):
-        records.insert(pos + offset, bad)
+    valid = [to_sharegpt(f"sharegpt-{i:05d}", c) for i, c in enumerate(conversations)]
+    records = _with_flawed(valid, SHAREGPT_FLAWED, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", newline="\n") as f:
         json.dump(records, f, ensure_ascii=False, indent=1)
@@ -475,12 +484,10 @@ def write_sharegpt(path: Path, conversations: Sequence[Conversation], *, seed: i
 
 def write_openai_jsonl(path: Path, conversations: Sequence[Conversation], *, seed: int) -> int:
     """Write OpenAI-style JSON Lines (valid records + ``OPENAI_FLAWED_LINES``); return the line count."""
-    lines = [
+    valid = [
         json.dumps({"id": f"openai-{i:05d}", "messages": c}, ensure_ascii=False) for i, c in enumerate(conversations)
     ]
-    positions = _insert_positions(len(lines), len(OPENAI_FLAWED_LINES), seed)
-    for offset, (pos, bad) in enumerate(zip(positions, OPENAI_FLAWED_LINES)):
-        lines.insert(pos + offset, bad)
+    lines = _with_flawed(valid, OPENAI_FLAWED_LINES, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", newline="\n") as f:
         f.write("\n".join(lines) + "\n")
@@ -488,8 +495,20 @@ def write_openai_jsonl(path: Path, conversations: Sequence[Conversation], *, see
 
 
 def training_texts(conversations: Sequence[Conversation]) -> list[str]:
-    """Message contents in a fixed order, the corpus the demo tokenizer is trained on."""
-    return [m["content"] for c in conversations for m in c]
+    """The corpus the demo tokenizer is trained on, in a fixed order.
+
+    Each text is one message as it appears between ChatML control tokens once
+    templated (role name, newline, content; tool output wrapped in
+    ``<tool_response>``), so role headers get single tokens as in real chat tokenizers.
+    """
+    texts = []
+    for conversation in conversations:
+        for m in conversation:
+            if m["role"] == "tool":
+                texts.append(f"<tool_response>\n{m['content']}\n</tool_response>")
+            else:
+                texts.append(f"{m['role']}\n{m['content']}")
+    return texts
 
 
 def length_stats(lengths: Sequence[int]) -> dict[str, float]:

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -67,7 +67,8 @@ QWEN3_STYLE_CHAT_TEMPLATE = """\
             {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
         {%- endif %}
         {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
-            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' }}
+            {{- content.lstrip('\\n') }}
         {%- else %}
             {{- '<|im_start|>assistant\\n' + content }}
         {%- endif %}
@@ -131,6 +132,7 @@ def train_demo_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTra
         tokenizer_object=bpe,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
+        extra_special_tokens=[IM_START, IM_END],
         unk_token=None,
         bos_token=None,
         chat_template=QWEN3_STYLE_CHAT_TEMPLATE,
@@ -139,7 +141,7 @@ def train_demo_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTra
     )
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | os.PathLike[str]) -> None:
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike[str]) -> None:
     """Save with the chat template inside tokenizer_config.json, as Qwen3 checkpoints ship it."""
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
 
@@ -153,7 +155,9 @@ def make_llama3_style_tokenizer(
     ``eos_token='<|eot_id|>'``: a second template for tests that must not assume ChatML.
     """
     tokenizer = AutoTokenizer.from_pretrained(base_tokenizer_dir)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(LLAMA3_SPECIAL_TOKENS)})
+    tokenizer.add_special_tokens(
+        {"extra_special_tokens": list(LLAMA3_SPECIAL_TOKENS)}, replace_extra_special_tokens=False
+    )
     tokenizer.eos_token = "<|eot_id|>"
     tokenizer.chat_template = LLAMA3_STYLE_CHAT_TEMPLATE
     save_tokenizer(tokenizer, out_dir)

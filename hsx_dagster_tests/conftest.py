@@ -1,0 +1,50 @@
+"""Shared fixtures: the embedded demo (built once, deterministically, by the same code as `make demo`)."""
+
+from pathlib import Path
+
+import pytest
+
+from hsx_dagster.core.conversations import Conversation, iter_records
+from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def demo_root() -> Path:
+    build_demo(REPO / "data")  # a no-op when `make data` already built it
+    return REPO / "data"
+
+
+@pytest.fixture(scope="session")
+def demo_paths(demo_root) -> list[Path]:
+    return [demo_root / SHAREGPT_PATH, demo_root / OPENAI_PATH]
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(demo_root) -> Path:
+    return demo_root / MODEL_PATH
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(demo_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_model_dir))
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer(demo_model_dir, tmp_path_factory):
+    """The demo vocabulary behind a Llama-3-style template: a second, different chat template."""
+    from transformers import AutoTokenizer
+
+    from hsx_dagster.demo.tokenizer import make_llama3_style_tokenizer
+
+    out = tmp_path_factory.mktemp("llama3-tokenizer")
+    make_llama3_style_tokenizer(demo_model_dir, out)
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+@pytest.fixture(scope="session")
+def demo_conversations(demo_paths) -> list[Conversation]:
+    return [r for path in demo_paths for r in iter_records(path) if isinstance(r, Conversation)]

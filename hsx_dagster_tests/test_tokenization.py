@@ -1,0 +1,167 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hsx_dagster.core import tokenization
+from hsx_dagster.core.chat_template import TemplateError
+from hsx_dagster.core.conversations import InputFileError, RejectReason
+from hsx_dagster.core.tokenization import (
+    SAMPLE_SCHEMA,
+    TokenizedSummary,
+    TokenizeOptions,
+    read_rejects,
+    read_tokenized_shard,
+    tokenize_dataset,
+)
+
+
+def chat(*turns):
+    roles = ["user", "assistant"]
+    return {"messages": [{"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]}
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records))
+    return path
+
+
+def read_all(out: Path, shards: int):
+    return [read_tokenized_shard(out, f"shard-{i:02d}") for i in range(shards)]
+
+
+def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_dir):
+    good = [chat(f"question number {i}", f"a helpful answer number {i} with several words") for i in range(20)]
+    bad = [
+        b'{"messages": [',  # invalid_json
+        b'{"messages": "\xff"}',  # invalid_utf8
+        b"[1]",  # not_an_object
+        {"prompt": "x"},  # missing_conversation_field
+        {"messages": [1]},  # malformed_message
+        {"conversations": [{"from": "narrator", "value": "x"}]},  # unknown_role
+        {"messages": [{"role": "user", "content": {"a": 1}}]},  # non_text_content
+        {"messages": []},  # empty_conversation
+        {"messages": [{"role": "user", "content": "hi"}]},  # no_assistant_turn
+        good[3],  # duplicate
+        chat("hi <|im_start|>assistant\n", "ok then"),  # control_token_in_content
+        chat("short question", "ok"),  # too_few_loss_tokens: "ok", the empty think block and <|im_end|>
+    ]
+    path = write_jsonl(tmp_path / "in.jsonl", good + bad)
+    out = tmp_path / "tokenized"
+    summary = tokenize_dataset([path], demo_model_dir, out, TokenizeOptions(min_loss_tokens=10, shards=2))
+
+    rejects = read_rejects(out).to_pylist()
+    by_reason = {r["reason"]: r for r in rejects}
+    expected = {
+        RejectReason.INVALID_JSON, RejectReason.INVALID_UTF8, RejectReason.NOT_AN_OBJECT,
+        RejectReason.MISSING_CONVERSATION, RejectReason.MALFORMED_MESSAGE, RejectReason.UNKNOWN_ROLE,
+        RejectReason.NON_TEXT_CONTENT, RejectReason.EMPTY_CONVERSATION, RejectReason.NO_ASSISTANT_TURN,
+        RejectReason.DUPLICATE, RejectReason.CONTROL_TOKEN_IN_CONTENT, RejectReason.TOO_FEW_LOSS_TOKENS,
+    }
+    assert set(by_reason) == expected and len(rejects) == len(bad)
+    assert by_reason[RejectReason.DUPLICATE]["location"] == "line 30"
+    assert f"{path} line 4" in by_reason[RejectReason.DUPLICATE]["detail"]
+    assert "fewer than min_loss_tokens=10" in by_reason[RejectReason.TOO_FEW_LOSS_TOKENS]["detail"]
+    assert all(r["source"] == str(path) for r in rejects)
+    # Nothing is lost: every line is a sample or a reject.
+    assert summary.samples + summary.rejected == len(good) + len(bad)
+    assert summary.rejects == {reason: 1 for reason in sorted(expected)}
+    assert summary.inputs[0]["records"] == len(good) + len(bad)
+
+
+def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir, tmp_path):
+    out = tmp_path / "tokenized"
+    summary = tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(max_length=4096, shards=4))
+    tables = read_all(out, 4)
+    assert all(t.schema.equals(SAMPLE_SCHEMA) for t in tables)
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [f"shard-{i:02d}.parquet" for i in range(4)]
+    assert summary.samples == sum(t.num_rows for t in tables) >= 2000
+    ids = np.concatenate([t.column("sample_id").to_numpy() for t in tables])
+    assert len(np.unique(ids)) == len(ids)
+    for index, table in enumerate(tables):
+        assert set(table.column("shard").to_pylist()) == {f"shard-{index:02d}"}
+        lengths = table.column("input_ids").combine_chunks().value_lengths().to_numpy()
+        assert np.array_equal(lengths, table.column("num_tokens").to_numpy())
+        masks = table.column("loss_mask").combine_chunks().flatten().to_numpy()
+        assert set(np.unique(masks)) <= {0, 1}
+    loads = [s["tokens"] for s in summary.shards]
+    assert summary.imbalance == pytest.approx(max(loads) / np.mean(loads), abs=1e-5)
+    assert summary.imbalance < 1.01
+    assert sum(loads) == summary.tokens
+    assert 300 <= summary.tokens / summary.samples <= 400
+    assert sum(b["samples"] for b in summary.histogram) == summary.samples
+    assert summary.histogram[-1]["max"] >= 2000
+    assert TokenizedSummary.read(out) == summary
+    # The demo's deliberately flawed records are all accounted for.
+    assert summary.rejected >= 5
+
+
+def test_sample_ids_are_stable_across_runs_and_file_order(demo_paths, demo_model_dir, tmp_path):
+    first = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "a", TokenizeOptions(shards=2))
+    second = tokenize_dataset(list(reversed(demo_paths)), demo_model_dir, tmp_path / "b", TokenizeOptions(shards=2))
+    assert first.samples == second.samples
+
+    def by_id(out):
+        rows = {}
+        for table in read_all(out, 2):
+            for row in table.select(["sample_id", "input_ids", "shard"]).to_pylist():
+                rows[row["sample_id"]] = row
+        return rows
+
+    a, b = by_id(tmp_path / "a"), by_id(tmp_path / "b")
+    assert a.keys() == b.keys()
+    assert all(a[k]["input_ids"] == b[k]["input_ids"] for k in a)
+    assert all(a[k]["shard"] == b[k]["shard"] for k in a)  # balance depends on lengths, not order
+
+
+def test_rerun_replaces_atomically_and_a_crash_keeps_the_old_output(demo_paths, demo_model_dir, tmp_path, monkeypatch):
+    out = tmp_path / "tokenized"
+    tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(shards=2))
+    before = {p.name: p.read_bytes() for p in (out / "samples").iterdir()}
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash while writing shards")
+
+    monkeypatch.setattr(tokenization, "_write_shards", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(shards=3))
+    assert {p.name: p.read_bytes() for p in (out / "samples").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenized"]  # no temporaries left behind
+
+
+def test_bad_files_fail_before_the_tokenizer_loads(tmp_path, demo_model_dir, monkeypatch):
+    good = write_jsonl(tmp_path / "good.jsonl", [chat("a", "b")])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    monkeypatch.setattr(tokenization, "load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
+    with pytest.raises(InputFileError, match=f"{empty}: the file is empty"):
+        tokenize_dataset([good, empty], demo_model_dir, tmp_path / "out", TokenizeOptions())
+
+
+def test_tokenizer_without_template_is_an_error_naming_the_model(tmp_path, demo_model_dir):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    for extra in model.glob("chat_template.*"):
+        extra.unlink()
+    good = write_jsonl(tmp_path / "good.jsonl", [chat("a", "b")])
+    with pytest.raises(TemplateError, match=f"tokenizer at {model} has no chat template"):
+        tokenize_dataset([good], model, tmp_path / "out", TokenizeOptions())
+
+
+def test_truncation_and_thinking_policy(demo_paths, demo_model_dir, tmp_path):
+    short = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "s", TokenizeOptions(max_length=256, shards=1))
+    table = read_tokenized_shard(tmp_path / "s", "shard-00")
+    assert max(table.column("num_tokens").to_pylist()) <= 256
+    assert short.truncated > 0
+    keep = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "k", TokenizeOptions(shards=1))
+    excluded = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "e", TokenizeOptions(shards=1, thinking="exclude_from_loss"))
+    stripped = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "x", TokenizeOptions(shards=1, thinking="strip"))
+    assert excluded.tokens == keep.tokens and excluded.loss_tokens < keep.loss_tokens
+    assert stripped.tokens < keep.tokens
