@@ -150,3 +150,16 @@ def test_extraction_skeleton_refuses_to_pretend(settings_file):
         )
         assert not result.success
     assert not (settings_file.parent / "out" / "hidden_states").exists()
+
+
+def test_dagster_definitions_validate_cli(settings_file, tmp_path):
+    env = {**os.environ, "HSX_CONFIG": str(settings_file), "DAGSTER_HOME": str(tmp_path)}
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    ok = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "All code locations passed validation" in ok.stderr + ok.stdout
+    env["HSX_SHARDS"] = "0"
+    bad = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "key `shards`: Input should be greater than or equal to 1" in bad.stderr + bad.stdout

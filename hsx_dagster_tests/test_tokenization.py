@@ -165,3 +165,14 @@ def test_truncation_and_thinking_policy(demo_paths, demo_model_dir, tmp_path):
     stripped = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "x", TokenizeOptions(shards=1, thinking="strip"))
     assert excluded.tokens == keep.tokens and excluded.loss_tokens < keep.loss_tokens
     assert stripped.tokens < keep.tokens
+
+
+SHARED_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "sharegpt_dummy_conversation.json"
+
+
+@pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason="shared ShareGPT sample not present")
+def test_real_sharegpt_dump_tokenizes_completely(demo_model_dir, tmp_path):
+    summary = tokenize_dataset([SHARED_SAMPLE], demo_model_dir, tmp_path / "t", TokenizeOptions(shards=2))
+    # A clean real-world dump written by someone else: all 500 records become samples.
+    assert (summary.samples, summary.rejects) == (500, {})
+    assert 0 < summary.loss_tokens < summary.tokens
