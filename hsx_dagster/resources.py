@@ -8,9 +8,9 @@ from hsx.yaml (and its ``HSX_*`` environment overrides) when the definitions loa
 from __future__ import annotations
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from hsx_dagster.core.settings import Settings, load_settings
+from hsx_dagster.core.settings import ExtractionSettings, Settings, SettingsError, load_settings
 
 
 class HsxSettings(ConfigurableResource):
@@ -23,15 +23,33 @@ class HsxSettings(ConfigurableResource):
 
 
 class GpuResource(ConfigurableResource):
-    """The accelerator a shard run extracts on, and how big its forward passes are."""
+    """The accelerator a shard run extracts on, and how its forward passes are shaped.
+
+    Defaults come from the ``extraction`` section of hsx.yaml (and ``HSX_EXTRACTION__*``); run config
+    overrides them for one run.
+    """
 
     devices: list[str] = Field(
         default_factory=lambda: ["auto"],
-        description="Devices to map shards onto: 'auto', 'cpu', 'cuda', or ids like 'cuda:0'",
+        description="'auto' (every visible GPU, else CPU), 'cpu', 'cuda', or ids like 'cuda:0'; "
+        "shard k runs on devices[k % len(devices)]",
     )
+    compute_dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32")
+    storage_dtype: str = Field("bfloat16", description="dtype of the stored states: bfloat16, float16, float32")
+    attn_implementation: str = Field("sdpa", description="sdpa, eager, or flash_attention_2 when installed")
     batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
     max_batch_tokens: int = Field(32768, ge=1, description="Most computed tokens (rows x longest row) in one forward pass")
+    chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> GpuResource:
-        return cls(batch_size=settings.extraction.batch_size, max_batch_tokens=settings.extraction.max_batch_tokens)
+    def from_settings(cls, settings: Settings) -> "GpuResource":
+        extraction = settings.extraction
+        return cls(**extraction.model_dump())
+
+    def validated(self) -> ExtractionSettings:
+        """These values checked by the same rules as the settings file (run config bypasses the file)."""
+        try:
+            return ExtractionSettings(**self.model_dump(include=set(ExtractionSettings.model_fields)))
+        except ValidationError as exc:
+            problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors())
+            raise SettingsError(f"resource `gpu` config: {problems}") from None

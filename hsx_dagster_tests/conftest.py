@@ -48,3 +48,26 @@ def llama3_tokenizer(demo_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_conversations(demo_paths) -> list[Conversation]:
     return [r for path in demo_paths for r in iter_records(path) if isinstance(r, Conversation)]
+
+
+@pytest.fixture(scope="session")
+def dense_model_dir(demo_model_dir, tmp_path_factory) -> Path:
+    """A standard dense (Llama) model with the demo tokenizer, next to the hybrid demo model."""
+    from hsx_dagster.demo.model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    build_tiny_model(out, demo_model_dir, arch="llama", num_layers=6, hidden_size=64, seed=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_inputs(demo_conversations, tmp_path_factory) -> Path:
+    """28 demo conversations spread over the length range (short to ~1,000 tokens), as JSONL."""
+    import json
+
+    ordered = sorted(demo_conversations, key=lambda c: sum(len(m.content) for m in c.messages))
+    usable = ordered[: int(len(ordered) * 0.93)]  # leave out the very long tail: the reference runs per sample
+    picked = [usable[int(i * (len(usable) - 1) / 27)] for i in range(28)]
+    path = tmp_path_factory.mktemp("inputs") / "small.jsonl"
+    path.write_text("".join(json.dumps({"messages": c.as_chat()}) + "\n" for c in picked))
+    return path

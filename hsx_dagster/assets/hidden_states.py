@@ -1,13 +1,12 @@
 """`hidden_states`: one static partition per shard, materialized by the op `extract_hidden_states`.
 
-The batched, resumable extraction engine is the next piece of work (issue #3). Until it lands the
-op refuses to run with a clear failure rather than writing anything that could be mistaken for
-real hidden states; the asset is here so the graph, partitions and the `gpu` resource are complete.
+Thin over `hsx_dagster.core.shard_run`: settings and the `gpu` resource in, a shard job out to the
+core engine, the run's figures back as materialization metadata.
 """
 
+from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, StaticPartitionsDefinition, multi_asset
 
-from dagster import AssetExecutionContext, AssetSpec, Failure, MaterializeResult, StaticPartitionsDefinition, multi_asset
-
+from hsx_dagster.core.shard_run import ShardJob, ShardResult, run_shard
 from hsx_dagster.resources import GpuResource, HsxSettings
 
 
@@ -22,19 +21,65 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
                 group_name="hsx",
                 kinds={"pytorch", "safetensors"},
                 description="Hidden states of the chosen target layers for every token of a shard, "
-                "in safetensors chunks of flat, unpadded tokens plus a per-shard index.",
+                "in safetensors chunks of flat, unpadded tokens plus a per-shard index. Resumable.",
             )
         ],
         partitions_def=partitions_def,
         op_tags={"hsx/role": "extraction"},
     )
     def extract_hidden_states(context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings) -> MaterializeResult:
-        settings.load()  # bad settings fail here, before anything else, with the key named
-        raise Failure(
-            description=(
-                f"hidden-state extraction for {context.partition_key} is not available yet: the batched "
-                "extraction engine lands with issue #3; nothing was written"
-            )
+        loaded = settings.load()
+        extraction = gpu.validated()
+        shard = context.partition_key
+        job = ShardJob(
+            shard=shard,
+            shard_index=loaded.shard_keys.index(shard),
+            tokenized_dir=loaded.tokenized_dir,
+            output_dir=loaded.hidden_states_dir / shard,
+            model_path=loaded.model.path,
+            layer_ids=tuple(loaded.layer_ids),
+            include_final=loaded.model.include_final,
+            devices=tuple(extraction.devices),
+            compute_dtype=extraction.compute_dtype,
+            storage_dtype=extraction.storage_dtype,
+            attn_implementation=extraction.attn_implementation,
+            batch_size=extraction.batch_size,
+            max_batch_tokens=extraction.max_batch_tokens,
+            chunk_bytes=int(extraction.chunk_mb * 2**20),
+            trust_remote_code=loaded.model.trust_remote_code,
         )
+        result = run_shard(job, progress=context.log.info)
+        return MaterializeResult(metadata=hidden_states_metadata(result, job))
 
     return extract_hidden_states
+
+
+def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
+    report, info = result.report, result.backbone
+    return {
+        "dagster/row_count": result.totals["samples"],
+        "samples": result.totals["samples"],
+        "tokens": result.totals["tokens"],
+        "bytes": result.totals["bytes"],
+        "bytes_per_token": round(result.totals["bytes"] / max(result.totals["tokens"], 1), 1),
+        "samples_this_run": report.samples,
+        "samples_resumed": report.samples_skipped,
+        "elapsed_s": round(report.elapsed_s, 2),
+        "samples_per_s": round(report.samples_per_s, 2),
+        "tokens_per_s": round(report.tokens_per_s, 1),
+        "padding_efficiency": round(report.padding_efficiency, 4),
+        "forward_share_of_wall_time": round(report.forward_share, 4),
+        "batches": report.batches,
+        "oom_splits": report.oom_splits,
+        "max_batch_tokens_at_end": report.final_max_batch_tokens,
+        "peak_memory_bytes": report.peak_memory_bytes,
+        "device": report.device,
+        "layers": MetadataValue.json(list(info.layer_ids)),
+        "include_final": info.include_final,
+        "decoder_layers_loaded": f"{info.kept_layers} of {info.num_layers}",
+        "compute_dtype": result.compute_dtype,
+        "storage_dtype": job.storage_dtype,
+        "attn_implementation": info.attn_implementation,
+        "chunks": MetadataValue.json(result.totals["chunks"]),
+        "path": MetadataValue.path(str(job.output_dir)),
+    }

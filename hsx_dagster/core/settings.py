@@ -15,11 +15,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as EnvironmentSettingsError
 
 from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_layers
 
@@ -79,10 +80,39 @@ class ModelSettings(_Section):
 
 
 class ExtractionSettings(_Section):
+    devices: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["auto"],
+        description="'auto' (every visible GPU, else the CPU), 'cpu', 'cuda', or ids like 'cuda:0'; "
+        "shard k runs on devices[k % len(devices)]",
+    )
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="auto: bfloat16 on a GPU, float32 on the CPU"
+    )
+    storage_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
     max_batch_tokens: int = Field(
         32768, ge=1, description="Most computed tokens in one forward pass (rows x longest row, padding included)"
     )
+    chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_from_env(cls, value: Any) -> Any:
+        # HSX_EXTRACTION__DEVICES=cuda:0,cuda:1 is friendlier than JSON in a shell.
+        if isinstance(value, str):
+            return json.loads(value) if value.startswith("[") else [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_are_known(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("list at least one device")
+        for device in value:
+            if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", device):
+                raise ValueError(f"{device!r} is not a device; use auto, cpu, cuda or cuda:N")
+        return value
 
 
 class Settings(BaseSettings):
@@ -188,6 +218,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, check_files: bo
         settings = Settings(**raw)
     except ValidationError as exc:
         raise SettingsError(_describe_validation_error(file, exc)) from None
+    except EnvironmentSettingsError as exc:  # an HSX_* variable that is not valid JSON where JSON is needed
+        raise SettingsError(f"{file}: environment override: {exc}: {exc.__cause__}") from None
 
     base = file.parent
     resolved = settings.model_copy(

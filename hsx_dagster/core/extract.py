@@ -1,0 +1,298 @@
+"""The extraction engine: batched forward passes over one shard, tensors kept on the device until one
+copy per batch, chunk writing overlapped with compute, resumable, and out-of-memory tolerant.
+
+Per batch: right-pad the rows (real tokens first, so a causal model's real positions never see the
+padding), run the truncated backbone once, gather the real tokens of every captured layer into one
+flat ``[tokens, layers, hidden]`` tensor in the storage dtype *on the device*, and copy it to the
+host once (pinned memory, non-blocking). A background thread turns batches into chunks while the
+next batch computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from hsx_dagster.core.backbone import Backbone
+from hsx_dagster.core.batching import Batch, plan_batches
+from hsx_dagster.core.store import STORAGE_DTYPES, ChunkWriter, HostBatch, ShardStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    batch_size: int = 32
+    max_batch_tokens: int = 32768
+    storage_dtype: str = "bfloat16"
+    chunk_bytes: int = 256 * 2**20
+    progress_every_s: float = 5.0
+    pad_token_id: int = 0
+
+
+@dataclass
+class ExtractionReport:
+    shard: str
+    samples_total: int
+    samples_skipped: int  # already committed by an earlier run
+    samples: int  # extracted by this run
+    tokens: int
+    computed_tokens: int
+    batches: int
+    chunks: list[str]
+    bytes_written: int
+    elapsed_s: float
+    forward_s: float
+    oom_splits: int
+    final_max_batch_tokens: int
+    peak_memory_bytes: int
+    device: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.tokens / self.computed_tokens if self.computed_tokens else 1.0
+
+    @property
+    def forward_share(self) -> float:
+        return self.forward_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "samples_per_s": round(self.samples_per_s, 2),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "padding_efficiency": round(self.padding_efficiency, 4),
+            "forward_share": round(self.forward_share, 4),
+        }
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+class _ForwardTimer:
+    """Time spent in forward passes; CUDA events on a GPU so timing never forces a synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, started) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((started, end))
+        else:
+            self.seconds += time.perf_counter() - started
+
+    def total(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000
+            self._events.clear()
+        return self.seconds
+
+
+def extract_shard(
+    shard: str,
+    samples: pa.Table,
+    backbone: Backbone,
+    store: ShardStore,
+    options: ExtractOptions,
+    metadata: dict[str, str],
+    progress: Callable[[str], None] | None = None,
+) -> ExtractionReport:
+    """Extract every sample of ``samples`` (columns sample_id, input_ids, loss_mask, num_tokens) that
+    the store has not committed yet. Returns what this run did."""
+    report = progress or log.info
+    started = time.perf_counter()
+    device = next(backbone.model.parameters()).device
+    storage_dtype = STORAGE_DTYPES[options.storage_dtype]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    all_ids = samples.column("sample_id").to_numpy()
+    done = store.done_sample_ids
+    todo = np.flatnonzero(~np.isin(all_ids, np.fromiter(done, dtype=np.int64, count=len(done))))
+    lengths = samples.column("num_tokens").to_numpy()[todo].astype(np.int64)
+    input_ids = samples.column("input_ids").combine_chunks()
+    loss_mask = samples.column("loss_mask").combine_chunks()
+    if done:
+        report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
+
+    budget = options.max_batch_tokens
+    queue = deque(plan_batches(lengths, options.batch_size, budget))
+    timer = _ForwardTimer(device)
+    writer = ChunkWriter(store, options.chunk_bytes, metadata)
+    extracted = tokens = computed = batches = oom_splits = 0
+    last_report = started
+    try:
+        while queue:
+            batch = queue.popleft()
+            rows = todo[list(batch.rows)]
+            try:
+                host = _run_batch(backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, options.pad_token_id, timer)
+            except Exception as error:  # only out-of-memory is recoverable here
+                if not is_out_of_memory(error):
+                    raise
+                if len(batch.rows) == 1:
+                    raise RuntimeError(
+                        f"{shard}: out of memory on a single sample of {batch.longest} tokens; "
+                        "lower dataset.max_length or use a device with more memory"
+                    ) from error
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                oom_splits += 1
+                budget = max(batch.longest, min(budget, batch.computed_tokens // 2))
+                queue = deque(_split(batch, lengths, budget) + _replan(queue, lengths, options.batch_size, budget))
+                report(
+                    f"{shard}: out of memory on a batch of {len(batch.rows)} rows x {batch.longest} tokens; "
+                    f"split it and lowered max_batch_tokens to {budget} for the rest of the run"
+                )
+                continue
+            writer.submit(host)
+            extracted += len(rows)
+            tokens += batch.real_tokens
+            computed += batch.computed_tokens
+            batches += 1
+            now = time.perf_counter()
+            if now - last_report >= options.progress_every_s:
+                last_report = now
+                report(_progress_line(shard, extracted, len(todo), tokens, computed, now - started))
+    finally:
+        # Whatever was extracted is committed, even when the run stops on an error.
+        chunks = writer.close()
+    elapsed = time.perf_counter() - started
+    return ExtractionReport(
+        shard=shard,
+        samples_total=len(all_ids),
+        samples_skipped=len(all_ids) - len(todo),
+        samples=extracted,
+        tokens=tokens,
+        computed_tokens=computed,
+        batches=batches,
+        chunks=[record.chunk for record in chunks],
+        bytes_written=writer.bytes_written,
+        elapsed_s=elapsed,
+        forward_s=timer.total(),
+        oom_splits=oom_splits,
+        final_max_batch_tokens=budget,
+        peak_memory_bytes=_peak_memory(device),
+        device=str(device),
+    )
+
+
+def _run_batch(
+    backbone: Backbone,
+    rows: np.ndarray,
+    input_ids: pa.ListArray,
+    loss_mask: pa.ListArray,
+    sample_ids: np.ndarray,
+    storage_dtype: torch.dtype,
+    pad_token_id: int,
+    timer: _ForwardTimer,
+) -> HostBatch:
+    ids_per_row = [input_ids[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
+    masks_per_row = [loss_mask[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
+    lengths = [len(ids) for ids in ids_per_row]
+    longest = max(lengths)
+    padded = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
+    attention = np.zeros((len(rows), longest), dtype=np.int64)
+    for k, ids in enumerate(ids_per_row):
+        padded[k, : len(ids)] = ids
+        attention[k, : len(ids)] = 1
+    device = next(backbone.model.parameters()).device
+    cuda = device.type == "cuda"
+    input_tensor = torch.from_numpy(padded)
+    mask_tensor = torch.from_numpy(attention)
+    if cuda:
+        input_tensor = input_tensor.pin_memory().to(device, non_blocking=True)
+        mask_tensor = mask_tensor.pin_memory().to(device, non_blocking=True)
+
+    started = timer.start()
+    captured = backbone.forward(input_tensor, mask_tensor)
+    real = mask_tensor.bool()
+    # Row-major boolean indexing keeps samples in row order and each sample's tokens in order.
+    hidden = torch.stack([captured[layer][real].to(storage_dtype) for layer in backbone.info.layer_ids], dim=1)
+    final = captured["final"][real].to(storage_dtype) if backbone.info.include_final else None
+    timer.stop(started)
+
+    ready = None
+    if cuda:
+        hidden = _to_host(hidden)
+        final = _to_host(final) if final is not None else None
+        ready = torch.cuda.Event()
+        ready.record()
+    return HostBatch(
+        sample_ids=[int(sample_ids[r]) for r in rows],
+        lengths=lengths,
+        input_ids=torch.from_numpy(np.concatenate(ids_per_row).astype(np.int32)),
+        loss_mask=torch.from_numpy(np.concatenate(masks_per_row).astype(np.uint8)),
+        hidden_states=hidden,
+        final_hidden_states=final,
+        ready=ready,
+    )
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """One non-blocking copy into pinned host memory (PyTorch caches pinned blocks between batches)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+def _split(batch: Batch, lengths: np.ndarray, budget: int) -> list[Batch]:
+    """The rows of a failed batch as at least two smaller batches."""
+    rows = np.asarray(batch.rows)
+    return _plan_rows(rows, lengths, max(1, len(rows) // 2), budget)
+
+
+def _replan(queue: deque[Batch], lengths: np.ndarray, batch_size: int, budget: int) -> list[Batch]:
+    rows = np.asarray([row for batch in queue for row in batch.rows], dtype=np.int64)
+    return _plan_rows(rows, lengths, batch_size, budget) if len(rows) else []
+
+
+def _plan_rows(rows: np.ndarray, lengths: np.ndarray, batch_size: int, budget: int) -> list[Batch]:
+    planned = plan_batches(lengths[rows], batch_size, budget)
+    return [Batch(tuple(int(rows[i]) for i in b.rows), b.longest, b.real_tokens) for b in planned]
+
+
+def _progress_line(shard: str, done: int, total: int, tokens: int, computed: int, elapsed: float) -> str:
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = (total - done) / rate if rate > 0 else math.inf
+    return (
+        f"{shard}: {done}/{total} samples ({done / max(total, 1):.0%}), {rate:.1f} samples/s, "
+        f"{tokens / elapsed:.0f} tokens/s, ETA {eta:.0f} s, padding efficiency {tokens / max(computed, 1):.3f}"
+    )
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux

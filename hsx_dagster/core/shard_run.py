@@ -1,0 +1,161 @@
+"""One shard run end to end: pick the device, check the inputs and the output folder, load the
+backbone, extract what is not committed yet, and mark the shard complete.
+
+Everything that can be wrong with the inputs is checked before the model loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from hsx_dagster import __version__
+from hsx_dagster.core.backbone import BackboneInfo, check_model_dir, load_backbone, model_fingerprint
+from hsx_dagster.core.extract import ExtractionReport, ExtractOptions, extract_shard
+from hsx_dagster.core.layers import LAYER_CONVENTION
+from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, ShardStore, read_index
+from hsx_dagster.core.tokenization import read_tokenized_shard
+
+log = logging.getLogger(__name__)
+COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    shard: str
+    shard_index: int
+    tokenized_dir: Path
+    output_dir: Path  # <output_dir>/hidden_states/<shard>
+    model_path: Path
+    layer_ids: tuple[int, ...]
+    include_final: bool = False
+    devices: tuple[str, ...] = ("auto",)
+    compute_dtype: str = "auto"
+    storage_dtype: str = "bfloat16"
+    attn_implementation: str = "sdpa"
+    batch_size: int = 32
+    max_batch_tokens: int = 32768
+    chunk_bytes: int = 256 * 2**20
+    trust_remote_code: bool = False
+
+
+@dataclass
+class ShardResult:
+    report: ExtractionReport
+    backbone: BackboneInfo
+    compute_dtype: str
+    totals: dict  # over every committed chunk of the shard, this run's and earlier ones
+
+
+def resolve_device(devices: Sequence[str], shard_index: int) -> torch.device:
+    """The device for a shard: devices[shard_index % len(devices)], with 'auto'/'cuda' spread over all GPUs."""
+    choice = devices[shard_index % len(devices)]
+    if choice in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", shard_index % torch.cuda.device_count())
+        if choice == "cuda":
+            raise RuntimeError("extraction.devices asks for 'cuda' but no CUDA device is visible")
+        return torch.device("cpu")
+    device = torch.device(choice)
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise RuntimeError(f"extraction.devices: {choice} is not available on this machine")
+    return device
+
+
+def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return COMPUTE_DTYPES[name]
+
+
+def tokenized_digest(table: pa.Table) -> str:
+    """A hash of the shard's inputs (ids and tokens): a re-tokenized shard never mixes with old states."""
+    digest = hashlib.sha256()
+    digest.update(table.column("sample_id").to_numpy().tobytes())
+    for chunk in table.column("input_ids").chunks:
+        digest.update(chunk.values.to_numpy(zero_copy_only=False).astype(np.int32).tobytes())
+        digest.update(np.diff(chunk.offsets.to_numpy()).astype(np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> ShardResult:
+    report = progress or log.info
+    table = read_tokenized_shard(job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"])
+    check_model_dir(job.model_path)
+    device = resolve_device(job.devices, job.shard_index)
+    compute_dtype = resolve_compute_dtype(job.compute_dtype, device)
+    provenance = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "shard": job.shard,
+        "model_path": str(job.model_path),
+        **model_fingerprint(job.model_path),
+        "layer_ids": list(job.layer_ids),
+        "layer_convention": LAYER_CONVENTION,
+        "include_final": job.include_final,
+        "storage_dtype": job.storage_dtype,
+        "compute_dtype": str(compute_dtype).removeprefix("torch."),
+        "tokenized_sha256": tokenized_digest(table),
+    }
+    with ShardStore(job.output_dir, provenance) as store:
+        (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
+        report(f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
+               f"{job.storage_dtype} storage), layers {list(job.layer_ids)}")
+        backbone = load_backbone(
+            job.model_path,
+            job.layer_ids,
+            include_final=job.include_final,
+            device=device,
+            compute_dtype=compute_dtype,
+            attn_implementation=job.attn_implementation,
+            trust_remote_code=job.trust_remote_code,
+        )
+        metadata = {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "shard": job.shard,
+            "layer_ids": json.dumps(list(job.layer_ids)),
+            "include_final": json.dumps(job.include_final),
+            "storage_dtype": job.storage_dtype,
+            "hsx_version": __version__,
+        }
+        options = ExtractOptions(
+            batch_size=job.batch_size,
+            max_batch_tokens=job.max_batch_tokens,
+            storage_dtype=job.storage_dtype,
+            chunk_bytes=job.chunk_bytes,
+            pad_token_id=_pad_token_id(backbone),
+        )
+        try:
+            result = extract_shard(job.shard, table, backbone, store, options, metadata, progress=report)
+        finally:
+            backbone.close()
+        totals = shard_totals(job.output_dir)
+        if totals["samples"] != table.num_rows:
+            raise RuntimeError(f"{job.shard}: {totals['samples']} samples committed, expected {table.num_rows}")
+        store.mark_complete({**totals, "provenance": provenance, "last_run": result.to_dict()})
+    return ShardResult(result, backbone.info, provenance["compute_dtype"], totals)
+
+
+def shard_totals(directory: Path) -> dict:
+    records = read_index(directory)
+    return {
+        "samples": sum(r.samples for r in records),
+        "tokens": sum(r.tokens for r in records),
+        "bytes": sum(r.bytes for r in records),
+        "chunks": [r.chunk for r in records],
+    }
+
+
+def _pad_token_id(backbone) -> int:
+    config = backbone.model.config
+    pad = getattr(config, "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) else 0  # padded positions are masked and never stored

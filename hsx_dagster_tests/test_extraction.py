@@ -1,0 +1,187 @@
+"""Stored tensors against an independent per-sample reference forward pass, resume, and OOM.
+
+The reference is the plain Hugging Face way, one sample at a time: `AutoModelForCausalLM`,
+`output_hidden_states=True`, layer id i read at index i + 1; the final state is the last entry
+(after the final norm). Nothing of the engine (batching, padding, hooks, gathering) is shared.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsx_dagster.core import extract as extract_module
+from hsx_dagster.core.backbone import Backbone
+from hsx_dagster.core.shard_run import ShardJob, run_shard
+from hsx_dagster.core.store import INDEX_FILE, StoreError, iter_shard_samples
+from hsx_dagster.core.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+
+
+@pytest.fixture(scope="module")
+def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tokenized"
+    tokenize_dataset([small_inputs], demo_model_dir, out, TokenizeOptions(shards=1, max_length=1024))
+    return out
+
+
+def make_job(tokenized: Path, out: Path, model: Path, layers, **overrides) -> ShardJob:
+    settings = dict(
+        shard="shard-00", shard_index=0, tokenized_dir=tokenized, output_dir=out, model_path=model,
+        layer_ids=tuple(layers), devices=("cpu",), storage_dtype="float32", batch_size=8,
+        max_batch_tokens=4096, chunk_bytes=256 * 1024,
+    )
+    settings.update(overrides)
+    return ShardJob(**settings)
+
+
+_REFERENCES: dict = {}
+
+
+def reference_states(model_dir: Path, tokenized: Path) -> dict[int, tuple]:
+    """sample_id -> hidden_states tuple of a per-sample forward pass (cached per model)."""
+    if model_dir not in _REFERENCES:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        table = read_tokenized_shard(tokenized, "shard-00")
+        states = {}
+        with torch.inference_mode():
+            for row in table.select(["sample_id", "input_ids"]).to_pylist():
+                out = model(input_ids=torch.tensor([row["input_ids"]]), output_hidden_states=True)
+                states[row["sample_id"]] = tuple(h[0] for h in out.hidden_states)
+        _REFERENCES[model_dir] = states
+    return _REFERENCES[model_dir]
+
+
+def stored_samples(out: Path) -> dict[int, dict]:
+    samples = {}
+    for sample in iter_shard_samples(out):
+        assert sample["sample_id"] not in samples, "a sample was stored twice"
+        samples[sample["sample_id"]] = sample
+    return samples
+
+
+@pytest.mark.parametrize("model_name", ["dense", "hybrid"])
+@pytest.mark.parametrize("batch_size, max_batch_tokens", [(8, 4096), (28, 2048), (3, 100_000)])
+def test_stored_states_equal_a_per_sample_reference_fp32(model_name, batch_size, max_batch_tokens, tokenized, demo_model_dir, dense_model_dir, tmp_path):
+    model = dense_model_dir if model_name == "dense" else demo_model_dir
+    layers = (0, 2, 3) if model_name == "dense" else (1, 3, 4)
+    job = make_job(tokenized, tmp_path / "out", model, layers, include_final=True, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+    result = run_shard(job)
+    reference = reference_states(model, tokenized)
+    table = read_tokenized_shard(tokenized, "shard-00")
+    stored = stored_samples(tmp_path / "out")
+    assert set(stored) == set(reference) and result.totals["samples"] == len(reference)
+    assert result.report.padding_efficiency < 1.0 or batch_size == 1  # mixed lengths in one batch
+    for row in table.select(["sample_id", "input_ids", "loss_mask"]).to_pylist():
+        sample, ref = stored[row["sample_id"]], reference[row["sample_id"]]
+        assert sample["input_ids"].tolist() == row["input_ids"] and sample["input_ids"].dtype == torch.int64
+        assert sample["loss_mask"].tolist() == row["loss_mask"]
+        expected = torch.stack([ref[i + 1] for i in layers], dim=1)
+        assert sample["hidden_states"].shape == expected.shape
+        torch.testing.assert_close(sample["hidden_states"], expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(sample["final_hidden_states"], ref[-1], rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_storage_is_the_reference_rounded(tokenized, demo_model_dir, tmp_path):
+    layers = (1, 3, 4)
+    run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, layers, storage_dtype="bfloat16"))
+    reference = reference_states(demo_model_dir, tokenized)
+    for sample_id, sample in stored_samples(tmp_path / "out").items():
+        assert sample["hidden_states"].dtype == torch.bfloat16 and "final_hidden_states" not in sample
+        expected = torch.stack([reference[sample_id][i + 1] for i in layers], dim=1)
+        # bf16 keeps 8 significant bits: within half a unit in the last place, plus fp32 noise.
+        error = (sample["hidden_states"].float() - expected).abs()
+        assert torch.all(error <= expected.abs() * 2**-8 + 1e-5)
+
+
+def test_only_needed_layers_are_loaded(tokenized, demo_model_dir, tmp_path):
+    result = run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3)))
+    assert (result.backbone.kept_layers, result.backbone.num_layers) == (4, 8)
+    final = run_shard(make_job(tokenized, tmp_path / "out2", demo_model_dir, (1, 3), include_final=True))
+    assert final.backbone.kept_layers == 8
+
+
+def test_resume_after_a_crash_gives_the_same_content(tokenized, demo_model_dir, tmp_path, monkeypatch):
+    layers = (1, 4)
+    run_shard(make_job(tokenized, tmp_path / "clean", demo_model_dir, layers, batch_size=4))
+    clean = stored_samples(tmp_path / "clean")
+
+    calls = {"n": 0}
+    original = Backbone.forward
+
+    def crash_on_fourth_batch(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("simulated crash: the node went away")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Backbone, "forward", crash_on_fourth_batch)
+    out = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
+    index_lines = (out / INDEX_FILE).read_text().splitlines()
+    assert len(index_lines) == 3  # the three finished batches were committed, one chunk each
+    first_chunks = {line: (out / json.loads(line)["chunk"]).stat().st_mtime_ns for line in index_lines}
+    assert not (out / "complete.json").exists()
+
+    monkeypatch.setattr(Backbone, "forward", original)
+    result = run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
+    assert result.report.samples_skipped == 12 and result.report.samples == 28 - 12
+    assert (out / INDEX_FILE).read_text().splitlines()[:3] == index_lines
+    assert all((out / json.loads(line)["chunk"]).stat().st_mtime_ns == mtime for line, mtime in first_chunks.items())
+    resumed = stored_samples(out)
+    assert resumed.keys() == clean.keys()
+    for sample_id, sample in resumed.items():
+        torch.testing.assert_close(sample["hidden_states"], clean[sample_id]["hidden_states"], rtol=1e-5, atol=1e-5)
+    assert (out / "complete.json").is_file()
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+
+    again = run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
+    assert again.report.samples == 0 and again.report.samples_skipped == 28  # nothing is redone
+
+
+def test_out_of_memory_splits_batches_and_loses_nothing(tokenized, demo_model_dir, tmp_path, monkeypatch):
+    original = Backbone.forward
+
+    def small_device(self, input_ids, attention_mask):
+        if input_ids.numel() > 1500:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return original(self, input_ids, attention_mask)
+
+    monkeypatch.setattr(Backbone, "forward", small_device)
+    messages = []
+    result = run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4), batch_size=16, max_batch_tokens=100_000), progress=messages.append)
+    assert result.report.oom_splits > 0
+    assert result.report.final_max_batch_tokens < 100_000
+    assert any("out of memory" in m and "lowered max_batch_tokens" in m for m in messages)
+    stored = stored_samples(tmp_path / "out")
+    table = read_tokenized_shard(tokenized, "shard-00")
+    assert sorted(stored) == sorted(table.column("sample_id").to_pylist())
+
+
+def test_a_single_sample_too_large_fails_clearly(tokenized, demo_model_dir, tmp_path, monkeypatch):
+    def no_memory(self, input_ids, attention_mask):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(Backbone, "forward", no_memory)
+    with pytest.raises(RuntimeError, match="out of memory on a single sample of .* tokens; lower dataset.max_length"):
+        run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1,)))
+
+
+def test_changed_layers_under_existing_output_are_refused(tokenized, demo_model_dir, tmp_path):
+    run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4)))
+    with pytest.raises(StoreError, match=r"layer_ids: \[1, 4\] -> \[1, 3\].*Refusing to mix"):
+        run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3)))
+
+
+def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
+    result = run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4), storage_dtype="bfloat16"))
+    table = read_tokenized_shard(tokenized, "shard-00")
+    tokens = int(np.sum(table.column("num_tokens").to_numpy()))
+    payload = tokens * 2 * 64 * 2  # tokens x layers x hidden x bf16
+    assert result.totals["tokens"] == tokens
+    # Ids, masks and offsets cost 5 bytes per token plus a header: never a padded row.
+    assert payload < result.totals["bytes"] < payload + tokens * 6 + 64 * 1024
