@@ -26,8 +26,15 @@ instance:
 	mkdir -p $(DAGSTER_HOME)
 	cp deploy/local/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
+DAGSTER_MATERIALIZE := $(BIN)/dagster asset materialize -m hsx_dagster.definitions
+
 demo: data instance
-	$(BIN)/dagster asset materialize -m hsx_dagster.definitions --select tokenized_dataset
+	$(DAGSTER_MATERIALIZE) --select tokenized_dataset
+	# One run per shard, as on a GPU box (one shard per GPU); here they run one after another on the CPU.
+	for shard in $$($(BIN)/python -c 'from hsx_dagster.core.settings import load_settings; print(*load_settings().shard_keys)'); do \
+		$(DAGSTER_MATERIALIZE) --select hidden_states --partition $$shard || exit 1; \
+	done
+	$(DAGSTER_MATERIALIZE) --select drafter_dataset
 	@echo
 	@$(BIN)/python -m hsx_dagster.report
 

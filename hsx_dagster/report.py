@@ -7,10 +7,14 @@ outputs on another machine.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from hsx_dagster.core.drafter import MANIFEST_FILE, shard_status
 from hsx_dagster.core.settings import SettingsError, load_settings
+from hsx_dagster.core.shard_run import shard_totals
+from hsx_dagster.core.store import COMPLETE_FILE
 from hsx_dagster.core.tokenization import TokenizedSummary
 
 
@@ -47,9 +51,31 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
     for bucket in summary.histogram:
         bar = "#" * round(40 * bucket["samples"] / widest)
         lines.append(f"    {bucket['min']:>6}-{bucket['max']:<6} {bucket['samples']:>6}  {bar}")
-    for name, folder in (("hidden_states", settings.hidden_states_dir), ("drafter", settings.drafter_dir)):
-        present = folder.is_dir() and any(folder.iterdir())
-        lines.append(f"{name:<13} {folder if present else f'not materialized yet ({folder})'}")
+    lines.append(f"hidden_states {settings.hidden_states_dir}")
+    statuses = shard_status(settings.hidden_states_dir, settings.shard_keys, tokenized)
+    for shard, state in statuses.items():
+        folder = settings.hidden_states_dir / shard
+        totals = shard_totals(folder) if state != "missing" else None
+        line = f"    {shard}  {state:<10}"
+        if totals:
+            line += f" {totals['samples']:>7,} samples  {totals['tokens']:>11,} tokens  {totals['bytes'] / 1e6:>9.1f} MB"
+            if (folder / COMPLETE_FILE).is_file():
+                run = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))["last_run"]
+                line += f"  last run {run['samples_per_s']:.1f} samples/s, padding efficiency {run['padding_efficiency']:.3f}"
+        lines.append(line)
+    manifest_file = settings.drafter_dir / MANIFEST_FILE
+    if manifest_file.is_file():
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        totals, splits = manifest["totals"], manifest["splits"]
+        lines += [
+            f"drafter       {settings.drafter_dir}",
+            f"  samples     {totals['samples']:,} ({splits['train']:,} train, {splits['val']:,} val), "
+            f"{totals['tokens']:,} tokens, {totals['bytes'] / 1e9:.3f} GB",
+            f"  layers      {manifest['layers']['ids']} (+ final norm: {manifest['layers']['include_final']}), "
+            f"hidden {manifest['hidden_size']}, stored as {manifest['storage_dtype']}",
+        ]
+    else:
+        lines.append(f"drafter       not materialized yet ({settings.drafter_dir})")
     return lines
 
 

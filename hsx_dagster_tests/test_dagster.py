@@ -1,6 +1,7 @@
 """The Dagster layer through real instances: definitions load, the tokenized_dataset asset and its
 check materialize with metadata, the CLI entry point users run works, and bad settings fail early."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, instance_for_test, materialize
 
+from hsx_dagster.assets.drafter import drafter_dataset
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.tokenization import TokenizedSummary
@@ -116,40 +118,77 @@ def test_bad_settings_fail_at_definition_load_with_the_key(tmp_path, settings_fi
         build_definitions(load_settings(settings_file))
 
 
-def test_cli_materialize_against_a_persistent_instance(settings_file, tmp_path):
-    """What `make demo` runs: the dagster CLI, HSX_CONFIG, a project-local DAGSTER_HOME."""
+@pytest.fixture
+def small_settings_file(tmp_path, small_inputs, demo_model_dir) -> Path:
+    """28 conversations, two shards, small chunks: the whole pipeline in seconds."""
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
+        f"  layers: [1, 4]\n  include_final: true\nshards: 2\noutput_dir: out\n"
+        f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.25\n"
+    )
+    return path
+
+
+def test_all_three_assets_over_every_shard(small_settings_file):
+    settings = load_settings(small_settings_file)
+    hidden_states = build_hidden_states(shard_partitions(settings))
+    resources = {"settings": HsxSettings(path=str(small_settings_file)), "gpu": GpuResource.from_settings(settings)}
+    with instance_for_test() as instance:
+        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        first = materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance)
+        assert first.success
+        metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
+        assert metadata["samples"].value == 14 and metadata["samples_this_run"].value == 14
+        assert 0 < metadata["padding_efficiency"].value <= 1
+        assert 0 < metadata["forward_share_of_wall_time"].value <= 1
+        assert metadata["layers"].value == [1, 4] and metadata["storage_dtype"].value == "bfloat16"
+        assert metadata["device"].value == "cpu" and metadata["batch_size"].value == 8
+
+        early = materialize([drafter_dataset], resources=resources, instance=instance, raise_on_error=False)
+        assert not early.success
+        failure = early.get_step_failure_events()[0].event_specific_data.error.to_string()
+        assert "shards not ready: shard-01 (missing)" in failure
+
+        assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
+        assert materialize([drafter_dataset], resources=resources, instance=instance).success
+        drafter = instance.get_latest_materialization_event(AssetKey("drafter_dataset")).asset_materialization.metadata
+        assert drafter["samples"].value == 28
+        assert drafter["train_samples"].value + drafter["val_samples"].value == 28
+    out = small_settings_file.parent / "out"
+    manifest = json.loads((out / "drafter" / "manifest.json").read_text())
+    assert manifest["layers"]["ids"] == [1, 4] and manifest["layers"]["include_final"] is True
+    assert manifest["hidden_size"] == 64 and manifest["totals"]["samples"] == 28
+
+
+def test_cli_materialize_against_a_persistent_instance(small_settings_file, tmp_path):
+    """What users run: the dagster CLI, HSX_CONFIG, a project-local DAGSTER_HOME, and run config
+    from the command line changing the batch size for one run."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "deploy" / "local" / "dagster.yaml").read_text())
-    env = {**os.environ, "HSX_CONFIG": str(settings_file), "DAGSTER_HOME": str(home)}
-    dagster = Path(sys.executable).with_name("dagster")
-    completed = subprocess.run(
-        [str(dagster), "asset", "materialize", "-m", "hsx_dagster.definitions", "--select", "tokenized_dataset"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    env = {**os.environ, "HSX_CONFIG": str(small_settings_file), "DAGSTER_HOME": str(home)}
+    dagster = str(Path(sys.executable).with_name("dagster"))
+
+    def cli(*args):
+        completed = subprocess.run([dagster, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+
+    module = ["-m", "hsx_dagster.definitions"]
+    cli("asset", "materialize", *module, "--select", "tokenized_dataset")
+    run_config = json.dumps({"resources": {"gpu": {"config": {"batch_size": 4}}}})
+    cli("asset", "materialize", *module, "--select", "hidden_states", "--partition", "shard-01", "--config-json", run_config)
     with DagsterInstance.from_config(str(home)) as instance:
         assert instance.get_latest_materialization_event(AssetKey("tokenized_dataset")) is not None
+        event = instance.get_latest_materialization_event(AssetKey("hidden_states"))
+        assert event.asset_materialization.partition == "shard-01"
+        assert event.asset_materialization.metadata["batch_size"].value == 4
     report = subprocess.run(
-        [sys.executable, "-m", "hsx_dagster.report", "--config", str(settings_file)],
+        [sys.executable, "-m", "hsx_dagster.report", "--config", str(small_settings_file)],
         capture_output=True, text=True, timeout=120,
     )
     assert report.returncode == 0, report.stderr
-    assert "shard-02" in report.stdout and "rejects" in report.stdout
-
-
-def test_extraction_skeleton_refuses_to_pretend(settings_file):
-    settings = load_settings(settings_file)
-    with instance_for_test() as instance:
-        result = materialize(
-            [build_hidden_states(shard_partitions(settings))],
-            resources={"settings": HsxSettings(path=str(settings_file)), "gpu": GpuResource.from_settings(settings)},
-            partition_key="shard-00",
-            instance=instance,
-            raise_on_error=False,
-        )
-        assert not result.success
-    assert not (settings_file.parent / "out" / "hidden_states").exists()
+    assert "shard-01" in report.stdout
 
 
 def test_dagster_definitions_validate_cli(settings_file, tmp_path):

@@ -80,6 +80,8 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "compute_dtype": result.compute_dtype,
         "storage_dtype": job.storage_dtype,
         "attn_implementation": info.attn_implementation,
+        "batch_size": job.batch_size,
+        "max_batch_tokens": job.max_batch_tokens,
         "chunks": MetadataValue.json(result.totals["chunks"]),
         "path": MetadataValue.path(str(job.output_dir)),
     }

@@ -115,6 +115,10 @@ class ExtractionSettings(_Section):
         return value
 
 
+class DrafterSettings(_Section):
+    val_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="Share of samples in the validation split (by sample id)")
+
+
 class Settings(BaseSettings):
     """The validated settings. Paths are absolute once loaded through `load_settings`."""
 
@@ -127,6 +131,7 @@ class Settings(BaseSettings):
     shards: int = Field(1, ge=1, le=4096, description="Number of hidden-state partitions (one per GPU run)")
     output_dir: Path = Path("data/out")
     extraction: ExtractionSettings = ExtractionSettings()
+    drafter: DrafterSettings = DrafterSettings()
 
     # Where the settings came from, for messages and provenance; not a settings key.
     _source: Path | None = None

@@ -1,0 +1,188 @@
+"""Assemble the trainer-facing dataset over all shards, without copying a tensor.
+
+``<output_dir>/drafter/`` holds:
+
+- ``index.parquet``: one row per sample: sample_id, shard, chunk (path relative to the output
+  folder), position (within the chunk), num_tokens, num_loss_tokens, split;
+- ``manifest.json``: what the data is and how it was made (model and tokenizer hashes, layer ids
+  and their convention, dtypes, totals, per-shard statistics, settings, package version).
+
+The split is a pure function of the sample id, so it never changes when shards are re-run or
+more data is added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from safetensors import safe_open
+
+from hsx_dagster import __version__
+from hsx_dagster.core.layers import LAYER_CONVENTION
+from hsx_dagster.core.store import COMPLETE_FILE, SHARD_FILE, read_index
+from hsx_dagster.core.tokenization import TokenizedSummary, read_tokenized_shard
+
+MANIFEST_FILE = "manifest.json"
+INDEX_FILE = "index.parquet"
+MANIFEST_VERSION = 1
+INDEX_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.int64()),
+        ("shard", pa.string()),
+        ("chunk", pa.string()),
+        ("position", pa.int32()),
+        ("num_tokens", pa.int32()),
+        ("num_loss_tokens", pa.int32()),
+        ("split", pa.string()),
+    ]
+)
+
+
+class AssemblyError(RuntimeError):
+    """The shards cannot be assembled (missing, unfinished, stale or made differently)."""
+
+
+@dataclass
+class DrafterSummary:
+    samples: int
+    tokens: int
+    bytes: int
+    train_samples: int
+    val_samples: int
+    shards: list[dict]
+    manifest: dict
+
+
+def split_of(sample_id: int, val_fraction: float) -> str:
+    """'val' for a fixed, pseudo-random ``val_fraction`` of sample ids, 'train' for the rest."""
+    digest = hashlib.blake2b(int(sample_id).to_bytes(8, "big", signed=True), digest_size=8, person=b"hsx-split")
+    return "val" if int.from_bytes(digest.digest(), "big") / 2**64 < val_fraction else "train"
+
+
+def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path) -> dict[str, str]:
+    """'complete', 'missing', 'incomplete' or 'stale' (made from another tokenized dataset) per shard."""
+    from hsx_dagster.core.shard_run import tokenized_digest
+
+    status = {}
+    for shard in shard_keys:
+        folder = hidden_states_dir / shard
+        if not (folder / SHARD_FILE).is_file():
+            status[shard] = "missing"
+        elif not (folder / COMPLETE_FILE).is_file():
+            status[shard] = "incomplete"
+        else:
+            provenance = json.loads((folder / SHARD_FILE).read_text(encoding="utf-8"))
+            table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
+            status[shard] = "complete" if provenance.get("tokenized_sha256") == tokenized_digest(table) else "stale"
+    return status
+
+
+def assemble(
+    tokenized_dir: Path,
+    hidden_states_dir: Path,
+    shard_keys: Sequence[str],
+    out_dir: Path,
+    *,
+    val_fraction: float,
+    settings: dict,
+) -> DrafterSummary:
+    status = shard_status(hidden_states_dir, shard_keys, tokenized_dir)
+    not_ready = {shard: state for shard, state in status.items() if state != "complete"}
+    if not_ready:
+        listed = ", ".join(f"{shard} ({state})" for shard, state in sorted(not_ready.items()))
+        raise AssemblyError(f"cannot assemble the drafter dataset: shards not ready: {listed}; materialize them first")
+
+    provenances = {s: json.loads((hidden_states_dir / s / SHARD_FILE).read_text(encoding="utf-8")) for s in shard_keys}
+    shared_keys = ("config_sha256", "weights_index_sha256", "layer_ids", "include_final", "storage_dtype", "compute_dtype")
+    first = provenances[shard_keys[0]]
+    for shard, provenance in provenances.items():
+        differing = [k for k in shared_keys if provenance.get(k) != first.get(k)]
+        if differing:
+            raise AssemblyError(f"{shard} was made differently from {shard_keys[0]} ({', '.join(differing)}); re-run it")
+
+    columns: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
+    shard_stats, hidden_size, total_bytes = [], None, 0
+    for shard in shard_keys:
+        folder = hidden_states_dir / shard
+        loss_tokens = dict(
+            zip(*(read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "num_loss_tokens"]).column(c).to_pylist() for c in ("sample_id", "num_loss_tokens")))
+        )
+        records = read_index(folder)
+        for record in records:
+            with safe_open(str(folder / record.chunk), framework="pt") as chunk:
+                offsets = chunk.get_tensor("offsets").tolist()
+                hidden_size = hidden_size or chunk.get_slice("hidden_states").get_shape()[-1]
+            for position, sample_id in enumerate(record.sample_ids):
+                columns["sample_id"].append(sample_id)
+                columns["shard"].append(shard)
+                columns["chunk"].append(f"hidden_states/{shard}/{record.chunk}")
+                columns["position"].append(position)
+                columns["num_tokens"].append(offsets[position + 1] - offsets[position])
+                columns["num_loss_tokens"].append(loss_tokens[sample_id])
+                columns["split"].append(split_of(sample_id, val_fraction))
+        shard_bytes = sum(r.bytes for r in records)
+        total_bytes += shard_bytes
+        shard_stats.append(
+            {
+                "shard": shard,
+                "samples": sum(r.samples for r in records),
+                "tokens": sum(r.tokens for r in records),
+                "bytes": shard_bytes,
+                "chunks": len(records),
+            }
+        )
+
+    table = pa.table(columns, schema=INDEX_SCHEMA).sort_by("sample_id")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out_dir / f".{INDEX_FILE}.tmp")
+    (out_dir / f".{INDEX_FILE}.tmp").replace(out_dir / INDEX_FILE)
+
+    tokenized = TokenizedSummary.read(tokenized_dir)
+    model_path = Path(first["model_path"])
+    tokenizer_file = model_path / "tokenizer.json"
+    splits = table.column("split").to_pylist()
+    manifest = {
+        "format": "hsx-drafter-dataset",
+        "format_version": MANIFEST_VERSION,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hsx_version": __version__,
+        "model": {
+            "path": str(model_path),
+            "config_sha256": first["config_sha256"],
+            "weights_index_sha256": first["weights_index_sha256"],
+            "tokenizer_sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest() if tokenizer_file.is_file() else None,
+            "chat_template_sha256_16": tokenized.tokenizer["chat_template_sha256_16"],
+        },
+        "layers": {"ids": first["layer_ids"], "convention": LAYER_CONVENTION, "include_final": first["include_final"]},
+        "hidden_size": hidden_size,
+        "compute_dtype": first["compute_dtype"],
+        "storage_dtype": first["storage_dtype"],
+        "totals": {"samples": table.num_rows, "tokens": sum(s["tokens"] for s in shard_stats), "bytes": total_bytes},
+        "splits": {"val_fraction": val_fraction, "train": splits.count("train"), "val": splits.count("val")},
+        "shards": shard_stats,
+        "settings": settings,
+        "index": INDEX_FILE,
+    }
+    _write_json_atomic(out_dir / MANIFEST_FILE, manifest)
+    return DrafterSummary(
+        samples=table.num_rows,
+        tokens=manifest["totals"]["tokens"],
+        bytes=total_bytes,
+        train_samples=manifest["splits"]["train"],
+        val_samples=manifest["splits"]["val"],
+        shards=shard_stats,
+        manifest=manifest,
+    )
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    temporary.replace(path)
