@@ -235,12 +235,23 @@ def _run_batch(
         input_tensor = input_tensor.pin_memory().to(device, non_blocking=True)
         mask_tensor = mask_tensor.pin_memory().to(device, non_blocking=True)
 
+    # Flat positions of the real tokens (row by row, in order), computed on the host: gathering with
+    # a boolean mask on the device would force a device-to-host synchronisation every batch.
+    positions = torch.from_numpy(np.concatenate([k * longest + np.arange(n) for k, n in enumerate(lengths)]))
+    if cuda:
+        positions = positions.pin_memory().to(device, non_blocking=True)
+
     started = timer.start()
     captured = backbone.forward(input_tensor, mask_tensor)
-    real = mask_tensor.bool()
-    # Row-major boolean indexing keeps samples in row order and each sample's tokens in order.
-    hidden = torch.stack([captured[layer][real].to(storage_dtype) for layer in backbone.info.layer_ids], dim=1)
-    final = captured["final"][real].to(storage_dtype) if backbone.info.include_final else None
+    layer_ids = backbone.info.layer_ids
+    hidden_size = captured[layer_ids[0]].shape[-1]
+    hidden = torch.empty((len(positions), len(layer_ids), hidden_size), dtype=storage_dtype, device=device)
+    for slot, layer in enumerate(layer_ids):
+        hidden[:, slot] = captured[layer].reshape(-1, hidden_size).index_select(0, positions)  # cast on copy
+    final = None
+    if backbone.info.include_final:
+        final = captured["final"].reshape(-1, hidden_size).index_select(0, positions).to(storage_dtype)
+    del captured
     timer.stop(started)
 
     ready = None
