@@ -202,3 +202,19 @@ def test_dagster_definitions_validate_cli(settings_file, tmp_path):
     bad = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0
     assert "key `shards`: Input should be greater than or equal to 1" in bad.stderr + bad.stdout
+
+
+def test_every_gpu_knob_reaches_the_resource_from_the_environment(settings_file, monkeypatch):
+    monkeypatch.setenv("HSX_EXTRACTION__BATCH_SIZE", "64")
+    monkeypatch.setenv("HSX_EXTRACTION__MAX_BATCH_TOKENS", "65536")
+    monkeypatch.setenv("HSX_EXTRACTION__DEVICES", "cuda:0,cuda:1")
+    monkeypatch.setenv("HSX_EXTRACTION__STORAGE_DTYPE", "float16")
+    gpu = build_definitions(load_settings(settings_file)).resources["gpu"]
+    assert (gpu.batch_size, gpu.max_batch_tokens, gpu.devices, gpu.storage_dtype) == (64, 65536, ["cuda:0", "cuda:1"], "float16")
+
+
+def test_bad_run_config_for_the_gpu_is_named(settings_file):
+    with pytest.raises(SettingsError, match=r"resource `gpu` config: `storage_dtype`: Input should be 'bfloat16', 'float16' or 'float32'"):
+        GpuResource(storage_dtype="int8").validated()
+    with pytest.raises(SettingsError, match=r"`devices`.*'tpu' is not a device"):
+        GpuResource(devices=["tpu"]).validated()

@@ -185,3 +185,36 @@ def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
     assert result.totals["tokens"] == tokens
     # Ids, masks and offsets cost 5 bytes per token plus a header: never a padded row.
     assert payload < result.totals["bytes"] < payload + tokens * 6 + 64 * 1024
+
+
+def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, demo_model_dir, tmp_path):
+    """A crash between rename and index append leaves an orphan chunk; one during the append leaves a
+    torn index line; one during a write leaves a temporary. A re-run removes all three and redoes
+    exactly the uncommitted samples."""
+    out = tmp_path / "out"
+    run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
+    clean = stored_samples(out)
+    lines = (out / INDEX_FILE).read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    # Un-commit the last chunk: its file stays (orphan), its index line is torn in half.
+    (out / INDEX_FILE).write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    (out / ".chunk-000099.safetensors.tmp-123").write_bytes(b"half a chunk")
+    (out / "complete.json").unlink()
+
+    result = run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
+    assert result.report.samples == last["samples"]
+    assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == []
+    assert (out / INDEX_FILE).read_text().endswith("\n") and len((out / INDEX_FILE).read_text().splitlines()) == len(lines)
+    again = stored_samples(out)
+    assert again.keys() == clean.keys()
+    for sample_id in clean:
+        assert torch.equal(again[sample_id]["hidden_states"], clean[sample_id]["hidden_states"])
+
+
+def test_two_runs_of_one_shard_never_both_write(tokenized, demo_model_dir, tmp_path):
+    from hsx_dagster.core.store import ShardStore
+
+    with ShardStore(tmp_path / "out", {"a": 1}):
+        with pytest.raises(StoreError, match="being written by another run"):
+            ShardStore(tmp_path / "out", {"a": 1})
+    ShardStore(tmp_path / "out", {"a": 1}).close()  # released with its holder

@@ -94,6 +94,7 @@ class ShardStore:
         try:
             self._check_provenance(provenance)
             self.records = read_index(self.directory)
+            self._drop_torn_index_tail()
             self._remove_uncommitted()
         except BaseException:
             self.close()
@@ -112,6 +113,12 @@ class ShardStore:
                 )
         else:
             _write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
+
+    def _drop_torn_index_tail(self) -> None:
+        """Rewrite the index without a half-appended last line, so the next append starts clean."""
+        path = self.directory / INDEX_FILE
+        if path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            _write_atomic(path, "".join(json.dumps(asdict(r)) + "\n" for r in self.records).encode())
 
     def _remove_uncommitted(self) -> None:
         committed = {record.chunk for record in self.records}
@@ -257,8 +264,6 @@ def read_index(directory: Path) -> list[ChunkRecord]:
             records.append(ChunkRecord(**json.loads(line)))
         except (json.JSONDecodeError, TypeError) as exc:
             raise StoreError(f"{path}: line {number + 1} is not a chunk record ({exc})") from None
-    if len(lines) and not lines[-1].endswith("\n"):
-        _write_atomic(path, "".join(lines[:-1]).encode())
     return records
 
 
