@@ -11,7 +11,7 @@ process so that machine noise hits them alike:
 Two models: the demo model (hybrid Qwen3.5, vocabulary 5,248) and a Qwen3.6-shaped hybrid with
 Qwen3.6's vocabulary of 248,320 tokens (the LM head is what the naive design pays for).
 
-    .venv/bin/python benchmarks/extraction_throughput.py            # both models, about 3 minutes
+    .venv/bin/python benchmarks/extraction_throughput.py            # both models, about 8 minutes on 2 cores
     .venv/bin/python benchmarks/extraction_throughput.py --samples 32 --rounds 1 --models demo
 """
 
@@ -97,7 +97,7 @@ def run_pipeline(backbone, samples: pa.Table, options: ExtractOptions, out: Path
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=96)
+    parser.add_argument("--samples", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=["demo", "qwen3_6-shaped"])
     parser.add_argument("--batch-size", type=int, default=32)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dagster import Definitions
 
-from hsx_dagster.assets.drafter import drafter_dataset
+from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.settings import Settings, load_settings
@@ -19,7 +19,7 @@ from hsx_dagster.resources import GpuResource, HsxSettings
 def build_definitions(settings: Settings) -> Definitions:
     return Definitions(
         assets=[tokenized_dataset, build_hidden_states(shard_partitions(settings)), drafter_dataset],
-        asset_checks=[tokenized_dataset_consistent],
+        asset_checks=[tokenized_dataset_consistent, *drafter_checks],
         resources={
             "settings": HsxSettings(path=str(settings.source)),
             "gpu": GpuResource.from_settings(settings),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, instance_for_test, materialize
 
-from hsx_dagster.assets.drafter import drafter_dataset
+from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.tokenization import TokenizedSummary
@@ -126,6 +126,7 @@ def small_settings_file(tmp_path, small_inputs, demo_model_dir) -> Path:
         f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
         f"  layers: [1, 4]\n  include_final: true\nshards: 2\noutput_dir: out\n"
         f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.25\n"
+        f"drafter:\n  parity_samples: 4\n"
     )
     return path
 
@@ -151,10 +152,16 @@ def test_all_three_assets_over_every_shard(small_settings_file):
         assert "shards not ready: shard-01 (missing)" in failure
 
         assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
-        assert materialize([drafter_dataset], resources=resources, instance=instance).success
+        assembled = materialize([drafter_dataset, *drafter_checks], resources=resources, instance=instance)
+        assert assembled.success
+        evaluations = {c.check_name: c for c in assembled.get_asset_check_evaluations()}
+        assert set(evaluations) == {"drafter_coverage", "drafter_integrity", "drafter_numerics", "drafter_parity"}
+        assert all(c.passed for c in evaluations.values()), {k: c.description for k, c in evaluations.items()}
+        assert evaluations["drafter_parity"].metadata["samples_checked"].value == 4
         drafter = instance.get_latest_materialization_event(AssetKey("drafter_dataset")).asset_materialization.metadata
         assert drafter["samples"].value == 28
         assert drafter["train_samples"].value + drafter["val_samples"].value == 28
+        assert "DrafterDataset(" in drafter["how_to_load"].value
     out = small_settings_file.parent / "out"
     manifest = json.loads((out / "drafter" / "manifest.json").read_text())
     assert manifest["layers"]["ids"] == [1, 4] and manifest["layers"]["include_final"] is True

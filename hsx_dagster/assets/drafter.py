@@ -4,10 +4,29 @@ Thin over `hsx_dagster.core.drafter`: it refuses to assemble while a shard is mi
 stale (and names them), then writes the global index and the manifest.
 """
 
-from dagster import AllPartitionMapping, AssetDep, AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AllPartitionMapping,
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetDep,
+    AssetExecutionContext,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+)
 
+from hsx_dagster.core.checks import CheckOutcome, check_coverage, check_integrity, check_numerics, check_parity
 from hsx_dagster.core.drafter import assemble
-from hsx_dagster.resources import HsxSettings
+from hsx_dagster.core.shard_run import resolve_device
+from hsx_dagster.resources import GpuResource, HsxSettings
+
+HOW_TO_LOAD = """```python
+from hsx_dagster import DrafterDataset, collate_drafter_batch
+ds = DrafterDataset("{path}", split="train")   # ds[i]: sample_id, input_ids, loss_mask, hidden_states [T, L, H]
+loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn=collate_drafter_batch)
+```"""
 
 
 @asset(
@@ -42,6 +61,55 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
             "layers": MetadataValue.json(summary.manifest["layers"]),
             "storage_dtype": summary.manifest["storage_dtype"],
             "per_shard": MetadataValue.md("\n".join(rows)),
+            "how_to_load": MetadataValue.md(HOW_TO_LOAD.format(path=loaded.drafter_dir)),
             "path": MetadataValue.path(str(loaded.drafter_dir)),
         }
     )
+
+
+def _result(outcome: CheckOutcome) -> AssetCheckResult:
+    return AssetCheckResult(
+        passed=outcome.passed,
+        severity=AssetCheckSeverity.ERROR,
+        description=outcome.description,
+        metadata={key: MetadataValue.json(value) if isinstance(value, (dict, list)) else value for key, value in outcome.metadata.items()},
+    )
+
+
+@asset_check(asset=drafter_dataset, blocking=True, description="Every tokenized sample appears exactly once "
+             "across shards, with the same input_ids and loss_mask, at the place the index says.")
+def drafter_coverage(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
+    loaded = settings.load()
+    return _result(check_coverage(loaded.drafter_dir, loaded.tokenized_dir))
+
+
+@asset_check(asset=drafter_dataset, blocking=True, description="Every chunk's sha256 still matches the one "
+             "recorded at write time; shapes, dtypes and layer count match the manifest.")
+def drafter_integrity(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
+    return _result(check_integrity(settings.load().drafter_dir))
+
+
+@asset_check(asset=drafter_dataset, blocking=True, description="No NaN or Inf anywhere; per-layer mean and "
+             "std; a layer of zeros fails, an outlying scale is reported.")
+def drafter_numerics(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
+    return _result(check_numerics(settings.load().drafter_dir))
+
+
+@asset_check(asset=drafter_dataset, blocking=True, description="Random samples re-extracted one at a time by "
+             "an independent reference forward pass match the stored tensors within the storage dtype's tolerance.")
+def drafter_parity(context: AssetCheckExecutionContext, settings: HsxSettings, gpu: GpuResource) -> AssetCheckResult:
+    loaded = settings.load()
+    device = resolve_device(gpu.validated().devices, 0)
+    outcome = check_parity(
+        loaded.drafter_dir,
+        loaded.tokenized_dir,
+        samples=loaded.drafter.parity_samples,
+        seed=loaded.drafter.parity_seed,
+        device=device,
+        compute_dtype=None,  # the dtype the shards were computed in, from the manifest
+        trust_remote_code=loaded.model.trust_remote_code,
+    )
+    return _result(outcome)
+
+
+drafter_checks = [drafter_coverage, drafter_integrity, drafter_numerics, drafter_parity]

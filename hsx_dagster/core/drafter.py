@@ -169,6 +169,7 @@ def assemble(
         "shards": shard_stats,
         "settings": settings,
         "index": INDEX_FILE,
+        "chunks_root": "..",  # chunk paths in the index are relative to this (the output folder)
     }
     _write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     return DrafterSummary(

@@ -117,6 +117,8 @@ class ExtractionSettings(_Section):
 
 class DrafterSettings(_Section):
     val_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="Share of samples in the validation split (by sample id)")
+    parity_samples: int = Field(8, ge=0, description="Samples the parity check re-extracts one at a time")
+    parity_seed: int = Field(0, description="Which samples the parity check picks")
 
 
 class Settings(BaseSettings):

@@ -1,0 +1,274 @@
+"""Data-quality checks on an assembled drafter dataset, each a plain function returning a `CheckOutcome`.
+
+- coverage: every tokenized sample is in the dataset exactly once, with the same ids and mask;
+- integrity: every chunk still has the checksum recorded when it was written; shapes, dtypes and
+  layer count match the manifest;
+- numerics: no NaN/Inf; per-layer mean/std (a layer of zeros fails; an odd scale is reported);
+- parity: random samples re-extracted one at a time by an independent reference forward pass
+  (`AutoModelForCausalLM`, ``output_hidden_states``) match the stored tensors within the storage
+  dtype's tolerance. This is what catches batching, padding and ordering bugs on real runs.
+
+The Dagster asset checks are thin wrappers over these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from safetensors import safe_open
+
+from hsx_dagster.core.drafter import INDEX_FILE, MANIFEST_FILE
+from hsx_dagster.core.reader import DrafterDataset
+from hsx_dagster.core.store import STORAGE_DTYPES, read_index
+from hsx_dagster.core.tokenization import read_tokenized_shard
+
+# Relative L2 error per token allowed by the storage dtype (its rounding), and added when the
+# reference and the batched run compute in a reduced precision (their rounding paths differ).
+STORAGE_TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2}
+REDUCED_COMPUTE_TOLERANCE = 4e-2
+MAX_LISTED = 10
+
+
+@dataclass
+class CheckOutcome:
+    passed: bool
+    description: str
+    metadata: dict = field(default_factory=dict)
+
+
+def _manifest(drafter_dir: Path) -> dict:
+    return json.loads((drafter_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+
+
+def _chunks_root(drafter_dir: Path, manifest: dict) -> Path:
+    return (drafter_dir / manifest.get("chunks_root", "..")).resolve()
+
+
+def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
+    manifest = _manifest(drafter_dir)
+    root = _chunks_root(drafter_dir, manifest)
+    index = pq.read_table(drafter_dir / INDEX_FILE)
+    problems: list[str] = []
+    counts = Counter(index.column("sample_id").to_pylist())
+    duplicated = sorted(sample_id for sample_id, n in counts.items() if n > 1)
+    if duplicated:
+        problems.append(f"{len(duplicated)} samples appear more than once (e.g. {duplicated[:MAX_LISTED]})")
+
+    expected_total = 0
+    mismatched: list[int] = []
+    missing: list[int] = []
+    rows_by_chunk: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for row in index.select(["sample_id", "chunk", "position"]).to_pylist():
+        rows_by_chunk[row["chunk"]].append((row["sample_id"], row["position"]))
+    for shard in [s["shard"] for s in manifest["shards"]]:
+        tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
+        expected_total += tokenized.num_rows
+        wanted = {sample_id: row for row, sample_id in enumerate(tokenized.column("sample_id").to_pylist())}
+        missing += [sample_id for sample_id in wanted if sample_id not in counts]
+        for chunk_name in sorted(c for c in rows_by_chunk if f"/{shard}/" in c):
+            with safe_open(str(root / chunk_name), framework="pt") as chunk:
+                offsets = chunk.get_tensor("offsets").tolist()
+                chunk_ids = chunk.get_tensor("sample_ids").tolist()
+                ids, masks = chunk.get_tensor("input_ids"), chunk.get_tensor("loss_mask")
+            for sample_id, position in rows_by_chunk[chunk_name]:
+                row = wanted.get(sample_id)
+                start, end = offsets[position], offsets[position + 1]
+                if (
+                    row is None
+                    or chunk_ids[position] != sample_id
+                    or ids[start:end].tolist() != tokenized.column("input_ids")[row].as_py()
+                    or masks[start:end].tolist() != tokenized.column("loss_mask")[row].as_py()
+                ):
+                    mismatched.append(sample_id)
+    if missing:
+        problems.append(f"{len(missing)} tokenized samples are missing (e.g. {sorted(missing)[:MAX_LISTED]})")
+    if mismatched:
+        problems.append(
+            f"{len(mismatched)} samples differ from the tokenized dataset or sit at the wrong place "
+            f"(e.g. {sorted(set(mismatched))[:MAX_LISTED]})"
+        )
+    if index.num_rows - len(duplicated) > expected_total and not problems:
+        problems.append(f"{index.num_rows} samples in the index for {expected_total} tokenized samples")
+    return CheckOutcome(
+        not problems,
+        "; ".join(problems) or f"all {expected_total} tokenized samples present once, ids and masks identical",
+        {"samples_in_index": index.num_rows, "tokenized_samples": expected_total, "duplicated": len(duplicated), "missing": len(missing), "mismatched": len(mismatched)},
+    )
+
+
+def check_integrity(drafter_dir: Path) -> CheckOutcome:
+    manifest = _manifest(drafter_dir)
+    root = _chunks_root(drafter_dir, manifest)
+    layers = len(manifest["layers"]["ids"])
+    dtype = str(STORAGE_DTYPES[manifest["storage_dtype"]]).removeprefix("torch.")
+    problems: list[str] = []
+    checked = total_bytes = 0
+    for shard in [s["shard"] for s in manifest["shards"]]:
+        folder = root / "hidden_states" / shard
+        for record in read_index(folder):
+            path = folder / record.chunk
+            checked += 1
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+                continue
+            digest = hashlib.sha256()
+            with open(path, "rb") as handle:
+                while block := handle.read(16 * 2**20):
+                    digest.update(block)
+            total_bytes += path.stat().st_size
+            if digest.hexdigest() != record.sha256:
+                problems.append(f"{path}: checksum differs from the one recorded at write time (corrupted)")
+                continue
+            with safe_open(str(path), framework="pt") as chunk:
+                shape = chunk.get_slice("hidden_states").get_shape()
+                got_dtype = chunk.get_slice("hidden_states").get_dtype()
+                tokens = chunk.get_slice("input_ids").get_shape()[0]
+                has_final = "final_hidden_states" in chunk.keys()
+            expected_dtype = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]
+            if got_dtype != expected_dtype or list(shape[1:]) != [layers, manifest["hidden_size"]] or shape[0] != tokens:
+                problems.append(f"{path}: hidden_states {got_dtype} {shape}, manifest says {expected_dtype} [T, {layers}, {manifest['hidden_size']}]")
+            if has_final != bool(manifest["layers"]["include_final"]):
+                problems.append(f"{path}: final_hidden_states {'present' if has_final else 'absent'}, manifest disagrees")
+    return CheckOutcome(
+        not problems,
+        "; ".join(problems[:MAX_LISTED]) or f"{checked} chunks: checksums, shapes and dtypes as recorded",
+        {"chunks": checked, "bytes_read": total_bytes, "problems": len(problems)},
+    )
+
+
+def check_numerics(drafter_dir: Path) -> CheckOutcome:
+    manifest = _manifest(drafter_dir)
+    root = _chunks_root(drafter_dir, manifest)
+    layer_ids = manifest["layers"]["ids"]
+    names = [f"layer {i}" for i in layer_ids] + (["final"] if manifest["layers"]["include_final"] else [])
+    sums = np.zeros(len(names))
+    squares = np.zeros(len(names))
+    nonzero = np.zeros(len(names), dtype=bool)
+    count = 0
+    bad_samples: list[int] = []
+    for shard in [s["shard"] for s in manifest["shards"]]:
+        folder = root / "hidden_states" / shard
+        for record in read_index(folder):
+            with safe_open(str(folder / record.chunk), framework="pt") as chunk:
+                states = chunk.get_tensor("hidden_states").float()  # [T, L, H]
+                if "final_hidden_states" in chunk.keys():
+                    states = torch.cat([states, chunk.get_tensor("final_hidden_states").float().unsqueeze(1)], dim=1)
+                offsets = chunk.get_tensor("offsets")
+                sample_ids = chunk.get_tensor("sample_ids").tolist()
+            finite = torch.isfinite(states).all(dim=2).all(dim=1)  # per token
+            if not bool(finite.all()):
+                bad_tokens = torch.nonzero(~finite).flatten()
+                owners = torch.searchsorted(offsets, bad_tokens, right=True) - 1
+                bad_samples += sorted({sample_ids[int(k)] for k in owners})
+                states = torch.where(torch.isfinite(states), states, torch.zeros((), dtype=states.dtype))
+            sums += states.sum(dim=(0, 2)).double().numpy()
+            squares += (states.double() ** 2).sum(dim=(0, 2)).numpy()
+            nonzero |= (states != 0).any(dim=2).any(dim=0).numpy()
+            count += states.shape[0] * states.shape[2]
+    means = sums / max(count, 1)
+    stds = np.sqrt(np.maximum(squares / max(count, 1) - means**2, 0.0))
+    problems, warnings = [], []
+    if bad_samples:
+        problems.append(f"NaN or Inf in {len(bad_samples)} samples: {bad_samples[:MAX_LISTED]}")
+    for name, has_values in zip(names, nonzero):
+        if not has_values:
+            problems.append(f"{name} is all zeros")
+    median_std = float(np.median(stds[nonzero])) if nonzero.any() else 0.0
+    for name, std in zip(names, stds):
+        if median_std > 0 and std > 0 and (std > 100 * median_std or std < median_std / 100):
+            warnings.append(f"{name} has std {std:.3g}, far from the median layer's {median_std:.3g}")
+    table = {name: {"mean": round(float(m), 6), "std": round(float(s), 6)} for name, m, s in zip(names, means, stds)}
+    description = "; ".join(problems + warnings) or "all values finite; per-layer statistics in metadata"
+    return CheckOutcome(not problems, description, {"per_layer": table, "nonfinite_samples": len(bad_samples), "warnings": warnings})
+
+
+def check_parity(
+    drafter_dir: Path,
+    tokenized_dir: Path,
+    *,
+    samples: int,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    compute_dtype: torch.dtype | None = None,
+    trust_remote_code: bool = False,
+) -> CheckOutcome:
+    """Re-extract ``samples`` random samples one at a time from their *tokenized* ids (the source of
+    truth, not the ids stored beside the states) and compare with what is stored for that sample."""
+    from transformers import AutoModelForCausalLM
+
+    dataset = DrafterDataset(drafter_dir)
+    manifest = dataset.manifest
+    if compute_dtype is None:
+        compute_dtype = STORAGE_DTYPES.get(manifest["compute_dtype"], torch.float32)
+    tolerance = STORAGE_TOLERANCE[manifest["storage_dtype"]] + (0.0 if compute_dtype == torch.float32 else REDUCED_COMPUTE_TOLERANCE)
+    picked = sorted(random.Random(seed).sample(range(len(dataset)), min(samples, len(dataset))))
+    wanted = {dataset.sample_ids[i] for i in picked}
+    tokenized_ids: dict[int, list[int]] = {}
+    for shard in [s["shard"] for s in manifest["shards"]]:
+        table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
+        for row in table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted), pa.int64()))).to_pylist():
+            tokenized_ids[row["sample_id"]] = row["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(
+        manifest["model"]["path"], dtype=compute_dtype, trust_remote_code=trust_remote_code
+    ).to(device).eval()
+    layer_ids = manifest["layers"]["ids"]
+    num_layers = model.config.get_text_config().num_hidden_layers
+    last_layer_output: list[torch.Tensor] = []
+    # Hugging Face's last hidden state is after the final norm; the raw last layer needs a hook.
+    hook = None
+    if num_layers - 1 in layer_ids:
+        hook = model.model.layers[num_layers - 1].register_forward_hook(
+            lambda module, inputs, output: last_layer_output.append(output[0] if isinstance(output, tuple) else output)
+        )
+    worst: dict[str, float] = defaultdict(float)
+    failing: list[int] = []
+    try:
+        with torch.inference_mode():
+            for index in picked:
+                sample = dataset[index]
+                source = tokenized_ids.get(sample["sample_id"])
+                if source is None or len(source) != len(sample["input_ids"]):
+                    failing.append(sample["sample_id"])
+                    continue
+                last_layer_output.clear()
+                input_ids = torch.tensor([source], dtype=torch.int64, device=device)
+                outputs = model(input_ids=input_ids, output_hidden_states=True)
+                references = {
+                    f"layer {i}": (last_layer_output[0] if i == num_layers - 1 else outputs.hidden_states[i + 1])[0]
+                    for i in layer_ids
+                }
+                stored = {f"layer {i}": sample["hidden_states"][:, k] for k, i in enumerate(layer_ids)}
+                if "final_hidden_states" in sample:
+                    references["final"] = outputs.hidden_states[-1][0]
+                    stored["final"] = sample["final_hidden_states"]
+                sample_ok = True
+                for name, reference in references.items():
+                    reference = reference.float().cpu()
+                    error = (stored[name].float() - reference).norm(dim=-1) / reference.norm(dim=-1).clamp_min(1e-6)
+                    worst[name] = max(worst[name], float(error.max()))
+                    sample_ok &= bool(error.max() <= tolerance)
+                if not sample_ok:
+                    failing.append(sample["sample_id"])
+    finally:
+        if hook is not None:
+            hook.remove()
+    description = (
+        f"{len(failing)} of {len(picked)} re-extracted samples differ beyond {tolerance:g} relative error: {failing[:MAX_LISTED]}"
+        if failing
+        else f"{len(picked)} random samples re-extracted one at a time match within {tolerance:g}"
+    )
+    return CheckOutcome(
+        not failing,
+        description,
+        {"samples_checked": len(picked), "tolerance": tolerance, "max_relative_error": {k: round(v, 6) for k, v in worst.items()}},
+    )

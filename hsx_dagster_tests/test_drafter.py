@@ -1,0 +1,209 @@
+"""The assembled dataset read back through `DrafterDataset` against a reference forward pass, and
+each data-quality check shown to pass on a good dataset and fail on a deliberately broken one."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from hsx_dagster import DrafterDataset, collate_drafter_batch
+from hsx_dagster.core.checks import check_coverage, check_integrity, check_numerics, check_parity
+from hsx_dagster.core.drafter import assemble, split_of
+from hsx_dagster.core.reader import DatasetError
+from hsx_dagster.core.shard_run import ShardJob, run_shard
+from hsx_dagster.core.store import INDEX_FILE as SHARD_INDEX
+from hsx_dagster.core.tokenization import TokenizeOptions, tokenize_dataset
+
+LAYERS = (1, 4, 7)  # 7 is the demo model's last layer: its raw output, not Hugging Face's normed one
+SHARDS = ("shard-00", "shard-01")
+
+
+@pytest.fixture(scope="module")
+def dataset_root(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pipeline")
+    tokenize_dataset([small_inputs], demo_model_dir, out / "tokenized", TokenizeOptions(shards=2, max_length=1024))
+    for index, shard in enumerate(SHARDS):
+        run_shard(ShardJob(
+            shard=shard, shard_index=index, tokenized_dir=out / "tokenized", output_dir=out / "hidden_states" / shard,
+            model_path=demo_model_dir, layer_ids=LAYERS, include_final=True, devices=("cpu",),
+            storage_dtype="float32", batch_size=6, max_batch_tokens=4096, chunk_bytes=200_000,
+        ))
+    assemble(out / "tokenized", out / "hidden_states", SHARDS, out / "drafter", val_fraction=0.25, settings={"test": True})
+    return out
+
+
+@pytest.fixture
+def broken_copy(dataset_root, tmp_path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset_root, copy)
+    return copy
+
+
+def reference(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    captured = {}
+    model.model.layers[7].register_forward_hook(lambda m, i, o: captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+
+    def states(input_ids):
+        with torch.inference_mode():
+            out = model(input_ids=input_ids.unsqueeze(0), output_hidden_states=True)
+        layers = [out.hidden_states[i + 1][0] for i in LAYERS[:-1]] + [captured["last"][0]]
+        return torch.stack(layers, dim=1), out.hidden_states[-1][0]
+
+    return states
+
+
+def test_every_sample_reads_back_equal_to_the_reference(dataset_root, demo_model_dir, small_inputs):
+    ds = DrafterDataset(dataset_root / "drafter")
+    assert len(ds) == 28 == ds.manifest["totals"]["samples"]
+    assert ds.manifest["layers"] == {"ids": list(LAYERS), "convention": ds.manifest["layers"]["convention"], "include_final": True}
+    assert "hidden_states[i + 1]" in ds.manifest["layers"]["convention"]
+    states = reference(demo_model_dir)
+    ids = []
+    for i in range(len(ds)):
+        sample = ds[i]
+        ids.append(sample["sample_id"])
+        assert sample["input_ids"].dtype == torch.int64 and set(sample["loss_mask"].tolist()) <= {0, 1}
+        expected_layers, expected_final = states(sample["input_ids"])
+        assert sample["hidden_states"].shape == (len(sample["input_ids"]), 3, 64)
+        torch.testing.assert_close(sample["hidden_states"], expected_layers, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(sample["final_hidden_states"], expected_final, rtol=1e-4, atol=1e-4)
+    assert ids == sorted(ids)
+
+
+def test_splits_are_a_function_of_the_sample_id(dataset_root):
+    train = DrafterDataset(dataset_root / "drafter", split="train")
+    val = DrafterDataset(dataset_root / "drafter", split="val")
+    assert len(train) + len(val) == 28 and len(val) > 0
+    assert not set(train.sample_ids) & set(val.sample_ids)
+    assert all(split_of(s, 0.25) == "val" for s in val.sample_ids)
+    with pytest.raises(ValueError, match="split must be"):
+        DrafterDataset(dataset_root / "drafter", split="test")
+
+
+def test_dataloader_with_workers_and_collate(dataset_root):
+    ds = DrafterDataset(dataset_root / "drafter")
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate_drafter_batch)
+    seen = []
+    for batch in loader:
+        lengths = batch["attention_mask"].sum(dim=1)
+        assert batch["hidden_states"].shape[:2] == batch["input_ids"].shape
+        assert batch["final_hidden_states"].shape[:2] == batch["input_ids"].shape
+        for row, sample_id in enumerate(batch["sample_id"].tolist()):
+            direct = ds[ds.sample_ids.index(sample_id)]
+            n = int(lengths[row])
+            assert n == len(direct["input_ids"])
+            assert torch.equal(batch["hidden_states"][row, :n], direct["hidden_states"])
+            assert torch.all(batch["hidden_states"][row, n:] == 0) and torch.all(batch["loss_mask"][row, n:] == 0)
+            seen.append(sample_id)
+    assert sorted(seen) == sorted(ds.sample_ids)
+
+
+def test_all_checks_pass_on_a_good_dataset(dataset_root):
+    drafter = dataset_root / "drafter"
+    for outcome in (
+        check_coverage(drafter, dataset_root / "tokenized"),
+        check_integrity(drafter),
+        check_numerics(drafter),
+        check_parity(drafter, dataset_root / "tokenized", samples=6),
+    ):
+        assert outcome.passed, outcome.description
+    numerics = check_numerics(drafter)
+    assert set(numerics.metadata["per_layer"]) == {"layer 1", "layer 4", "layer 7", "final"}
+
+
+def rewrite_chunk(root: Path, shard: str, chunk: str, change) -> None:
+    """Apply `change` to a chunk's tensors, save it, and record the new checksum as if written so."""
+    import hashlib
+
+    path = root / "hidden_states" / shard / chunk
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        metadata = handle.metadata()
+    change(tensors)
+    save_file(tensors, str(path), metadata=metadata)
+    index = root / "hidden_states" / shard / SHARD_INDEX
+    records = [json.loads(line) for line in index.read_text().splitlines()]
+    for record in records:
+        if record["chunk"] == chunk:
+            record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            record["sample_ids"] = tensors["sample_ids"].tolist()
+    index.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def first_chunk(root: Path) -> str:
+    return json.loads((root / "hidden_states" / "shard-00" / SHARD_INDEX).read_text().splitlines()[0])["chunk"]
+
+
+def test_dropped_sample_fails_coverage(broken_copy):
+    index = pq.read_table(broken_copy / "drafter" / "index.parquet")
+    dropped = index.column("sample_id")[3].as_py()
+    pq.write_table(pa.concat_tables([index.slice(0, 3), index.slice(4)]), broken_copy / "drafter" / "index.parquet")
+    outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert not outcome.passed and f"1 tokenized samples are missing (e.g. [{dropped}])" in outcome.description
+
+
+def test_duplicated_sample_fails_coverage(broken_copy):
+    index = pq.read_table(broken_copy / "drafter" / "index.parquet")
+    pq.write_table(pa.concat_tables([index, index.slice(5, 1)]), broken_copy / "drafter" / "index.parquet")
+    outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert not outcome.passed and "appear more than once" in outcome.description
+
+
+def test_flipped_byte_fails_integrity_naming_the_chunk(broken_copy):
+    chunk = broken_copy / "hidden_states" / "shard-00" / first_chunk(broken_copy)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the states: only a checksum can notice
+    chunk.write_bytes(bytes(data))
+    outcome = check_integrity(broken_copy / "drafter")
+    assert not outcome.passed and f"{chunk}: checksum differs" in outcome.description
+    assert check_coverage(broken_copy / "drafter", broken_copy / "tokenized").passed  # ids untouched: only integrity sees it
+
+
+def test_nan_fails_numerics_naming_the_sample(broken_copy):
+    name = first_chunk(broken_copy)
+
+    def poison(tensors):
+        start = int(tensors["offsets"][1])
+        tensors["hidden_states"][start + 2, 1, 5] = float("nan")
+
+    rewrite_chunk(broken_copy, "shard-00", name, poison)
+    with safe_open(str(broken_copy / "hidden_states" / "shard-00" / name), framework="pt") as handle:
+        poisoned_id = handle.get_tensor("sample_ids")[1].item()
+    assert check_integrity(broken_copy / "drafter").passed  # a well-formed file with a bad value
+    outcome = check_numerics(broken_copy / "drafter")
+    assert not outcome.passed and f"NaN or Inf in 1 samples: [{poisoned_id}]" in outcome.description
+
+
+def test_swapped_pair_fails_coverage_and_parity(broken_copy):
+    name = first_chunk(broken_copy)
+
+    def swap_labels(tensors):
+        ids = tensors["sample_ids"]
+        ids[[0, 1]] = ids[[1, 0]]
+
+    rewrite_chunk(broken_copy, "shard-00", name, swap_labels)
+    assemble(broken_copy / "tokenized", broken_copy / "hidden_states", SHARDS, broken_copy / "drafter", val_fraction=0.25, settings={})
+    assert check_integrity(broken_copy / "drafter").passed
+    coverage = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert not coverage.passed and "2 samples differ from the tokenized dataset" in coverage.description
+    parity = check_parity(broken_copy / "drafter", broken_copy / "tokenized", samples=28)
+    assert not parity.passed and "2 of 28 re-extracted samples differ" in parity.description
+
+
+def test_truncated_chunk_is_named_by_the_reader(broken_copy):
+    chunk = broken_copy / "hidden_states" / "shard-00" / first_chunk(broken_copy)
+    chunk.write_bytes(chunk.read_bytes()[:50])
+    ds = DrafterDataset(broken_copy / "drafter")
+    position = next(i for i, c in enumerate(ds._chunks) if c.endswith(chunk.name) and "shard-00" in c)
+    with pytest.raises(DatasetError, match=f"{chunk}: not a readable safetensors chunk"):
+        ds[position]
+    assert not check_integrity(broken_copy / "drafter").passed
