@@ -73,6 +73,10 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
             f"{totals['tokens']:,} tokens, {totals['bytes'] / 1e9:.3f} GB",
             f"  layers      {manifest['layers']['ids']} (+ final norm: {manifest['layers']['include_final']}), "
             f"hidden {manifest['hidden_size']}, stored as {manifest['storage_dtype']}",
+            "  load it:",
+            "    from hsx_dagster import DrafterDataset, collate_drafter_batch",
+            f"    ds = DrafterDataset({str(settings.drafter_dir)!r}, split='train')",
+            "    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn=collate_drafter_batch)",
         ]
     else:
         lines.append(f"drafter       not materialized yet ({settings.drafter_dir})")

@@ -26,7 +26,7 @@ from safetensors import safe_open
 
 from hsx_dagster import __version__
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.store import COMPLETE_FILE, SHARD_FILE, read_index
+from hsx_dagster.core.store import COMPLETE_FILE, SHARD_FILE, read_index, write_atomic
 from hsx_dagster.core.tokenization import TokenizedSummary, read_tokenized_shard
 
 MANIFEST_FILE = "manifest.json"
@@ -141,8 +141,9 @@ def assemble(
 
     table = pa.table(columns, schema=INDEX_SCHEMA).sort_by("sample_id")
     out_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out_dir / f".{INDEX_FILE}.tmp")
-    (out_dir / f".{INDEX_FILE}.tmp").replace(out_dir / INDEX_FILE)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    write_atomic(out_dir / INDEX_FILE, buffer.getvalue().to_pybytes())
 
     tokenized = TokenizedSummary.read(tokenized_dir)
     model_path = Path(first["model_path"])
@@ -171,7 +172,7 @@ def assemble(
         "index": INDEX_FILE,
         "chunks_root": "..",  # chunk paths in the index are relative to this (the output folder)
     }
-    _write_json_atomic(out_dir / MANIFEST_FILE, manifest)
+    write_atomic(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
     return DrafterSummary(
         samples=table.num_rows,
         tokens=manifest["totals"]["tokens"],
@@ -182,8 +183,3 @@ def assemble(
         manifest=manifest,
     )
 
-
-def _write_json_atomic(path: Path, payload: dict) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(payload, indent=2), encoding="utf-8")
-    temporary.replace(path)

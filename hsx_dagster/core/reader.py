@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from safetensors import SafetensorError, safe_open
@@ -39,7 +40,7 @@ class DrafterDataset(torch.utils.data.Dataset):
             raise ValueError(f"split must be 'train', 'val' or None, not {split!r}")
         table = pq.read_table(self.path / self.manifest.get("index", INDEX_FILE))
         if split is not None:
-            table = table.filter(pq_equal(table, "split", split))
+            table = table.filter(pc.equal(table.column("split"), split))
         self.split = split
         self._root = (self.path / self.manifest.get("chunks_root", "..")).resolve()
         self._sample_ids = table.column("sample_id").to_pylist()
@@ -102,12 +103,6 @@ class DrafterDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state["_open"] = {}
         return state
-
-
-def pq_equal(table, column: str, value: str):
-    import pyarrow.compute as pc
-
-    return pc.equal(table.column(column), value)
 
 
 def collate_drafter_batch(samples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:

@@ -112,13 +112,13 @@ class ShardStore:
                     f"delete {self.directory} to start this shard over"
                 )
         else:
-            _write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
+            write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
 
     def _drop_torn_index_tail(self) -> None:
         """Rewrite the index without a half-appended last line, so the next append starts clean."""
         path = self.directory / INDEX_FILE
         if path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-            _write_atomic(path, "".join(json.dumps(asdict(r)) + "\n" for r in self.records).encode())
+            write_atomic(path, "".join(json.dumps(asdict(r)) + "\n" for r in self.records).encode())
 
     def _remove_uncommitted(self) -> None:
         committed = {record.chunk for record in self.records}
@@ -136,7 +136,7 @@ class ShardStore:
         """Write one chunk atomically, then record it in the index."""
         name = CHUNK_PATTERN.format(len(self.records))
         payload = safetensors_bytes(tensors, metadata=metadata)
-        _write_atomic(self.directory / name, payload)
+        write_atomic(self.directory / name, payload)
         record = ChunkRecord(
             chunk=name,
             samples=len(sample_ids),
@@ -153,7 +153,7 @@ class ShardStore:
         return record
 
     def mark_complete(self, summary: dict) -> None:
-        _write_atomic(self.directory / COMPLETE_FILE, json.dumps(summary, indent=2, sort_keys=True).encode())
+        write_atomic(self.directory / COMPLETE_FILE, json.dumps(summary, indent=2, sort_keys=True).encode())
 
     def close(self) -> None:
         if not self._lock.closed:
@@ -288,7 +288,7 @@ def iter_shard_samples(directory: Path) -> Iterator[dict[str, torch.Tensor | int
                 yield sample
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
+def write_atomic(path: Path, payload: bytes) -> None:
     """Temporary name, flush, fsync, rename, fsync the folder: the file is whole or absent."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(temporary, "wb") as handle:
