@@ -218,3 +218,14 @@ def test_two_runs_of_one_shard_never_both_write(tokenized, demo_model_dir, tmp_p
         with pytest.raises(StoreError, match="being written by another run"):
             ShardStore(tmp_path / "out", {"a": 1})
     ShardStore(tmp_path / "out", {"a": 1}).close()  # released with its holder
+
+
+def test_flash_attention_without_the_package_is_a_clear_error(tokenized, demo_model_dir, tmp_path):
+    import importlib.util
+
+    from hsx_dagster.core.backbone import BackboneError
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here")
+    with pytest.raises(BackboneError, match="flash_attention_2 but flash-attn is not installed"):
+        run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1,), attn_implementation="flash_attention_2"))

@@ -16,6 +16,7 @@ tensor is what ``include_final`` stores as the final state.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import logging
 from collections.abc import Sequence
@@ -111,6 +112,8 @@ def load_backbone(
 
     model_path = Path(model_path)
     check_model_dir(model_path)
+    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise BackboneError("extraction.attn_implementation is flash_attention_2 but flash-attn is not installed; use sdpa")
     config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
     text_config = getattr(config, "text_config", None) or config
     num_layers = text_config.num_hidden_layers
