@@ -14,11 +14,17 @@ from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_co
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster.schedules import build_retry_schedule, build_shard_job
 
 
 def build_definitions(settings: Settings) -> Definitions:
+    partitions = shard_partitions(settings)
+    shard_job = build_shard_job(partitions)
+    retry = build_retry_schedule(shard_job, partitions, settings.operations.retry_cron, settings.operations.max_retries)
     return Definitions(
-        assets=[tokenized_dataset, build_hidden_states(shard_partitions(settings)), drafter_dataset],
+        assets=[tokenized_dataset, build_hidden_states(partitions), drafter_dataset],
+        jobs=[shard_job],
+        schedules=[retry],
         asset_checks=[tokenized_dataset_consistent, *drafter_checks],
         resources={
             "settings": HsxSettings(path=str(settings.source)),

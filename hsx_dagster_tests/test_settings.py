@@ -118,3 +118,9 @@ def test_shard_keys_widen_past_100():
     assert shard_keys(3) == ["shard-00", "shard-01", "shard-02"]
     assert shard_keys(101)[-1] == "shard-100"
     assert shard_keys(100)[-1] == "shard-99"
+
+
+def test_retry_cron_is_checked(project):
+    with pytest.raises(SettingsError, match=r"key `operations.retry_cron`: .*five fields.*'every 15 minutes'"):
+        load_settings(write(project, BASE + "operations:\n  retry_cron: every 15 minutes\n"))
+    assert load_settings(write(project, BASE + "operations:\n  retry_cron: '0 */2 * * mon-fri'\n")).operations.max_retries == 3

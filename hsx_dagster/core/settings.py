@@ -121,6 +121,18 @@ class DrafterSettings(_Section):
     parity_seed: int = Field(0, description="Which samples the parity check picks")
 
 
+class OperationsSettings(_Section):
+    retry_cron: str = Field("*/15 * * * *", description="When retry_failed_shards looks for failed shards")
+    max_retries: int = Field(3, ge=0, description="Retries of one shard by the schedule since its last success")
+
+    @field_validator("retry_cron")
+    @classmethod
+    def _five_cron_fields(cls, value: str) -> str:
+        if len(value.split()) != 5 or not re.fullmatch(r"[\d*/,\-A-Za-z\s]+", value):
+            raise ValueError("a cron expression has five fields, e.g. '*/15 * * * *'")
+        return value
+
+
 class Settings(BaseSettings):
     """The validated settings. Paths are absolute once loaded through `load_settings`."""
 
@@ -134,6 +146,7 @@ class Settings(BaseSettings):
     output_dir: Path = Path("data/out")
     extraction: ExtractionSettings = ExtractionSettings()
     drafter: DrafterSettings = DrafterSettings()
+    operations: OperationsSettings = OperationsSettings()
 
     # Where the settings came from, for messages and provenance; not a settings key.
     _source: Path | None = None

@@ -1,0 +1,99 @@
+"""`retry_failed_shards`: re-run each failed `hidden_states` shard, alone, within a retry budget.
+
+Every tick it reads the partition status of `hidden_states` from the instance and requests one run
+per failed shard that has no run queued or in progress. A re-run resumes from the shard's last
+committed chunk, so a retry never redoes finished work. Retries are counted per shard (runs this
+schedule launched since the shard's last successful materialization); past `max_retries` the
+schedule stops retrying that shard and says so.
+"""
+
+from dagster import (
+    AssetKey,
+    AssetPartitionStatus,
+    AssetRecordsFilter,
+    AssetSelection,
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    RunRequest,
+    RunsFilter,
+    ScheduleEvaluationContext,
+    SkipReason,
+    StaticPartitionsDefinition,
+    define_asset_job,
+    schedule,
+)
+
+HIDDEN_STATES = AssetKey("hidden_states")
+RETRY_SHARD_TAG = "hsx/retry-of-shard"
+RETRY_ATTEMPT_TAG = "hsx/retry-attempt"
+ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+
+
+def build_shard_job(partitions_def: StaticPartitionsDefinition):
+    return define_asset_job(
+        "hidden_states_shard",
+        selection=AssetSelection.assets(HIDDEN_STATES),
+        partitions_def=partitions_def,
+        description="One hidden_states shard per run (one run per GPU).",
+    )
+
+
+def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, cron: str, max_retries: int):
+    @schedule(
+        name="retry_failed_shards",
+        cron_schedule=cron,
+        job=shard_job,
+        default_status=DefaultScheduleStatus.RUNNING,
+        description=f"Re-runs failed hidden_states shards (at most {max_retries} times each since their last success).",
+    )
+    def retry_failed_shards(context: ScheduleEvaluationContext):
+        instance = context.instance
+        shards = partitions_def.get_partition_keys()
+        statuses = instance.get_status_by_partition(HIDDEN_STATES, shards, partitions_def) or {}
+        failed = [shard for shard in shards if statuses.get(shard) == AssetPartitionStatus.FAILED]
+        if not failed:
+            return SkipReason("no failed hidden_states shard")
+        requests, busy, exhausted = [], [], []
+        for shard in failed:
+            if instance.get_runs_count(RunsFilter(tags={"dagster/partition": shard}, statuses=ACTIVE)):
+                busy.append(shard)
+                continue
+            since = _last_success(instance, shard)
+            attempts = instance.get_runs_count(RunsFilter(tags={RETRY_SHARD_TAG: shard}, created_after=since))
+            if attempts >= max_retries:
+                exhausted.append(shard)
+                continue
+            attempt = attempts + 1
+            requests.append(
+                RunRequest(
+                    partition_key=shard,
+                    # Unique per attempt and per success epoch, so a tick never launches a duplicate.
+                    run_key=f"retry-{shard}-{int(since.timestamp()) if since else 0}-{attempt}",
+                    tags={RETRY_SHARD_TAG: shard, RETRY_ATTEMPT_TAG: str(attempt)},
+                )
+            )
+        if exhausted:
+            context.log.warning(
+                f"retry budget of {max_retries} used up for {', '.join(exhausted)}: not retrying; "
+                "look at their last run's error, fix it, and launch them by hand"
+            )
+        if requests:
+            return requests
+        reasons = []
+        if busy:
+            reasons.append(f"already queued or running: {', '.join(busy)}")
+        if exhausted:
+            reasons.append(f"retry budget ({max_retries}) used up: {', '.join(exhausted)}")
+        return SkipReason("; ".join(reasons))
+
+    return retry_failed_shards
+
+
+def _last_success(instance, shard: str):
+    """When the shard was last materialized (None if never)."""
+    import datetime
+
+    result = instance.fetch_materializations(AssetRecordsFilter(asset_key=HIDDEN_STATES, asset_partitions=[shard]), limit=1)
+    if not result.records:
+        return None
+    return datetime.datetime.fromtimestamp(result.records[0].timestamp, tz=datetime.timezone.utc)

@@ -1,0 +1,61 @@
+"""`retry_failed_shards` against a real instance: one failed shard, one good one."""
+
+from pathlib import Path
+
+import pytest
+from dagster import RunRequest, SkipReason, build_schedule_context, instance_for_test, materialize
+
+from hsx_dagster.assets.hidden_states import build_hidden_states
+from hsx_dagster.assets.tokenized import tokenized_dataset
+from hsx_dagster.core.settings import load_settings
+from hsx_dagster.definitions import build_definitions
+from hsx_dagster.partitions import shard_partitions
+from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_SHARD_TAG
+
+
+@pytest.fixture
+def failing_shard_settings(tmp_path, small_inputs, demo_model_dir) -> Path:
+    """shard-00 asks for a CUDA device this machine does not have, so its runs fail; shard-01 uses the CPU."""
+    path = tmp_path / "hsx.yaml"
+    path.write_text(
+        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n  layers: [1]\n"
+        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cuda, cpu]\n  batch_size: 8\n"
+        f"operations:\n  max_retries: 2\n"
+    )
+    return path
+
+
+def test_retries_only_the_failed_shard_within_its_budget(failing_shard_settings):
+    settings = load_settings(failing_shard_settings)
+    defs = build_definitions(settings)
+    schedule = defs.resolve_schedule_def("retry_failed_shards")
+    hidden_states = build_hidden_states(shard_partitions(settings))
+    resources = {"settings": HsxSettings(path=str(failing_shard_settings)), "gpu": GpuResource.from_settings(settings)}
+    with instance_for_test() as instance:
+        def evaluate():
+            context = build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
+            tick = schedule.evaluate_tick(context)
+            return list(tick.run_requests or []), tick.skip_message
+
+        requests, skip = evaluate()
+        assert not requests and skip == "no failed hidden_states shard"
+
+        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
+        failed = materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance, raise_on_error=False)
+        assert not failed.success
+
+        requests, _ = evaluate()
+        assert [(r.partition_key, r.tags[RETRY_ATTEMPT_TAG]) for r in requests] == [("shard-00", "1")]
+        assert isinstance(requests[0], RunRequest) and requests[0].run_key.startswith("retry-shard-00-")
+
+        for attempt in (1, 2):  # the schedule's retries fail too (the device is still missing)
+            retry = materialize(
+                [hidden_states], resources=resources, partition_key="shard-00", instance=instance,
+                tags={RETRY_SHARD_TAG: "shard-00", RETRY_ATTEMPT_TAG: str(attempt)}, raise_on_error=False,
+            )
+            assert not retry.success
+        requests, skip = evaluate()
+        assert requests == []
+        assert skip == "retry budget (2) used up: shard-00"
