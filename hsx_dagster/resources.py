@@ -40,11 +40,12 @@ class GpuResource(ConfigurableResource):
     batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
     max_batch_tokens: int = Field(32768, ge=1, description="Most computed tokens (rows x longest row) in one forward pass")
     chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
+    device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
+    device_lock_dir: str = Field("/tmp/hsx-dagster-device-locks", description="Per-host folder of GPU claims")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GpuResource":
-        extraction = settings.extraction
-        return cls(**extraction.model_dump())
+        return cls(**settings.extraction.model_dump(mode="json"))
 
     def validated(self) -> ExtractionSettings:
         """These values checked by the same rules as the settings file (run config bypasses the file)."""

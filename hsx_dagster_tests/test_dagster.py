@@ -225,3 +225,14 @@ def test_bad_run_config_for_the_gpu_is_named(settings_file):
         GpuResource(storage_dtype="int8").validated()
     with pytest.raises(SettingsError, match=r"`devices`.*'tpu' is not a device"):
         GpuResource(devices=["tpu"]).validated()
+
+
+def test_local_instance_config_retries_crashes_not_pipeline_errors(tmp_path):
+    import yaml
+
+    config = yaml.safe_load((REPO / "deploy" / "local" / "dagster.yaml").read_text())
+    with instance_for_test(overrides=config) as instance:
+        assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
+        assert instance.run_retries_retry_on_asset_or_op_failure is False
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        assert limits == [{"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]

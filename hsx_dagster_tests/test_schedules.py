@@ -16,11 +16,11 @@ from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_SHARD_TAG
 
 @pytest.fixture
 def failing_shard_settings(tmp_path, small_inputs, demo_model_dir) -> Path:
-    """shard-00 asks for a CUDA device this machine does not have, so its runs fail; shard-01 uses the CPU."""
+    """Two shards on the CPU; the test makes shard-00's runs fail."""
     path = tmp_path / "hsx.yaml"
     path.write_text(
         f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n  layers: [1]\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cuda, cpu]\n  batch_size: 8\n"
+        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n"
         f"operations:\n  max_retries: 2\n"
     )
     return path
@@ -42,6 +42,10 @@ def test_retries_only_the_failed_shard_within_its_budget(failing_shard_settings)
         assert not requests and skip == "no failed hidden_states shard"
 
         assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        # shard-00's folder holds states made by another model: every run of it refuses to mix.
+        foreign = failing_shard_settings.parent / "out" / "hidden_states" / "shard-00"
+        foreign.mkdir(parents=True)
+        (foreign / "shard.json").write_text('{"format": "hsx-hidden-states", "config_sha256": "another model"}')
         assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
         failed = materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance, raise_on_error=False)
         assert not failed.success
@@ -50,7 +54,7 @@ def test_retries_only_the_failed_shard_within_its_budget(failing_shard_settings)
         assert [(r.partition_key, r.tags[RETRY_ATTEMPT_TAG]) for r in requests] == [("shard-00", "1")]
         assert isinstance(requests[0], RunRequest) and requests[0].run_key.startswith("retry-shard-00-")
 
-        for attempt in (1, 2):  # the schedule's retries fail too (the device is still missing)
+        for attempt in (1, 2):  # the schedule's retries fail too (the folder still holds foreign states)
             retry = materialize(
                 [hidden_states], resources=resources, partition_key="shard-00", instance=instance,
                 tags={RETRY_SHARD_TAG: "shard-00", RETRY_ATTEMPT_TAG: str(attempt)}, raise_on_error=False,

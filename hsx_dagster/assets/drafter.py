@@ -19,7 +19,8 @@ from dagster import (
 
 from hsx_dagster.core.checks import CheckOutcome, check_coverage, check_integrity, check_numerics, check_parity
 from hsx_dagster.core.drafter import assemble
-from hsx_dagster.core.shard_run import resolve_device
+from hsx_dagster.core.devices import candidate_devices, claim_device
+from hsx_dagster.core.shard_run import visible_gpus
 from hsx_dagster.resources import GpuResource, HsxSettings
 
 HOW_TO_LOAD = """```python
@@ -99,16 +100,19 @@ def drafter_numerics(context: AssetCheckExecutionContext, settings: HsxSettings)
              "an independent reference forward pass match the stored tensors within the storage dtype's tolerance.")
 def drafter_parity(context: AssetCheckExecutionContext, settings: HsxSettings, gpu: GpuResource) -> AssetCheckResult:
     loaded = settings.load()
-    device = resolve_device(gpu.validated().devices, 0)
-    outcome = check_parity(
-        loaded.drafter_dir,
-        loaded.tokenized_dir,
-        samples=loaded.drafter.parity_samples,
-        seed=loaded.drafter.parity_seed,
-        device=device,
-        compute_dtype=None,  # the dtype the shards were computed in, from the manifest
-        trust_remote_code=loaded.model.trust_remote_code,
-    )
+    extraction = gpu.validated()
+    candidates = candidate_devices(extraction.devices, visible_gpus())
+    owner = f"run {context.run.run_id[:8]} (drafter_parity)"
+    with claim_device(candidates, 0, owner=owner, lock_dir=extraction.device_lock_dir, wait_s=extraction.device_wait_s) as claim:
+        outcome = check_parity(
+            loaded.drafter_dir,
+            loaded.tokenized_dir,
+            samples=loaded.drafter.parity_samples,
+            seed=loaded.drafter.parity_seed,
+            device=claim.device,
+            compute_dtype=None,  # the dtype the shards were computed in, from the manifest
+            trust_remote_code=loaded.model.trust_remote_code,
+        )
     return _result(outcome)
 
 

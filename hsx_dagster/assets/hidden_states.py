@@ -26,6 +26,7 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         ],
         partitions_def=partitions_def,
         op_tags={"hsx/role": "extraction"},
+        pool="gpu",  # cap concurrent extraction steps with `dagster instance concurrency set gpu <number of GPUs>`
     )
     def extract_hidden_states(context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings) -> MaterializeResult:
         loaded = settings.load()
@@ -47,6 +48,9 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
             max_batch_tokens=extraction.max_batch_tokens,
             chunk_bytes=int(extraction.chunk_mb * 2**20),
             trust_remote_code=loaded.model.trust_remote_code,
+            device_wait_s=extraction.device_wait_s,
+            device_lock_dir=extraction.device_lock_dir,
+            owner=f"run {context.run_id[:8]} ({shard})",
         )
         result = run_shard(job, progress=context.log.info)
         return MaterializeResult(metadata=hidden_states_metadata(result, job))

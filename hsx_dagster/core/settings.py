@@ -95,6 +95,10 @@ class ExtractionSettings(_Section):
         32768, ge=1, description="Most computed tokens in one forward pass (rows x longest row, padding included)"
     )
     chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
+    device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
+    device_lock_dir: Path = Field(
+        Path("/tmp/hsx-dagster-device-locks"), description="Per-host folder of GPU claims (one run per GPU)"
+    )
 
     @field_validator("devices", mode="before")
     @classmethod

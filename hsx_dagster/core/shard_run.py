@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import torch
 
 from hsx_dagster import __version__
 from hsx_dagster.core.backbone import BackboneInfo, check_model_dir, load_backbone, model_fingerprint
+from hsx_dagster.core.devices import DEFAULT_LOCK_DIR, candidate_devices, claim_device
 from hsx_dagster.core.extract import ExtractionReport, ExtractOptions, extract_shard
 from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, ShardStore, read_index
@@ -45,6 +46,9 @@ class ShardJob:
     max_batch_tokens: int = 32768
     chunk_bytes: int = 256 * 2**20
     trust_remote_code: bool = False
+    device_wait_s: float = 600.0
+    device_lock_dir: Path = DEFAULT_LOCK_DIR
+    owner: str = "hsx"  # who holds the device, for the message another run sees (e.g. the Dagster run id)
 
 
 @dataclass
@@ -55,19 +59,8 @@ class ShardResult:
     totals: dict  # over every committed chunk of the shard, this run's and earlier ones
 
 
-def resolve_device(devices: Sequence[str], shard_index: int) -> torch.device:
-    """The device for a shard: devices[shard_index % len(devices)], with 'auto'/'cuda' spread over all GPUs."""
-    choice = devices[shard_index % len(devices)]
-    if choice in ("auto", "cuda"):
-        if torch.cuda.is_available():
-            return torch.device("cuda", shard_index % torch.cuda.device_count())
-        if choice == "cuda":
-            raise RuntimeError("extraction.devices asks for 'cuda' but no CUDA device is visible")
-        return torch.device("cpu")
-    device = torch.device(choice)
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        raise RuntimeError(f"extraction.devices: {choice} is not available on this machine")
-    return device
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -90,7 +83,14 @@ def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> S
     report = progress or log.info
     table = read_tokenized_shard(job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"])
     check_model_dir(job.model_path)
-    device = resolve_device(job.devices, job.shard_index)
+    candidates = candidate_devices(job.devices, visible_gpus())
+    with claim_device(
+        candidates, job.shard_index, owner=job.owner, lock_dir=Path(job.device_lock_dir), wait_s=job.device_wait_s
+    ) as claim:
+        return _run_on_device(job, table, torch.device(claim.device), report)
+
+
+def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report: Callable[[str], None]) -> ShardResult:
     compute_dtype = resolve_compute_dtype(job.compute_dtype, device)
     provenance = {
         "format": FORMAT,

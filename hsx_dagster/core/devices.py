@@ -1,0 +1,110 @@
+"""One run per GPU: a shard run claims a device before it loads the model.
+
+A claim is an exclusive `flock` on ``<lock_dir>/<device>.lock``. The kernel releases it when the
+process exits, however it exits, so a killed run never leaves a device locked. The shard's own
+device (``devices[shard_index % n]``) is tried first, then any other free one; when none is free
+the run waits up to ``wait_s`` and then fails with a message naming who holds each device.
+The CPU is never locked: runs on the CPU share it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the GPUs it guards
+
+
+class DeviceBusyError(RuntimeError):
+    """No device of the list was free within the wait."""
+
+
+def candidate_devices(devices: Sequence[str], cuda_count: int) -> list[str]:
+    """Concrete device names: 'auto'/'cuda' expand to every visible GPU ('auto' falls back to the CPU)."""
+    names: list[str] = []
+    for device in devices:
+        if device in ("auto", "cuda"):
+            if cuda_count:
+                names += [f"cuda:{index}" for index in range(cuda_count)]
+            elif device == "cuda":
+                raise RuntimeError("extraction.devices asks for 'cuda' but no CUDA device is visible")
+            else:
+                names.append("cpu")
+        else:
+            if device.startswith("cuda") and int(device.partition(":")[2] or 0) >= cuda_count:
+                raise RuntimeError(f"extraction.devices: {device} is not available on this machine ({cuda_count} GPUs)")
+            names.append(device)
+    return list(dict.fromkeys(names))  # keep order, drop repeats
+
+
+@dataclass
+class DeviceClaim:
+    device: str
+    _handle: IO[str] | None
+
+    def release(self) -> None:
+        if self._handle is not None and not self._handle.closed:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+
+    def __enter__(self) -> DeviceClaim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def claim_device(
+    devices: Sequence[str],
+    shard_index: int,
+    *,
+    owner: str,
+    lock_dir: Path = DEFAULT_LOCK_DIR,
+    wait_s: float = 0.0,
+    poll_s: float = 2.0,
+) -> DeviceClaim:
+    """Lock a free device for this process, preferring the shard's own; ``devices`` are concrete names."""
+    if not devices:
+        raise ValueError("no devices to claim")
+    preferred = shard_index % len(devices)
+    if devices[preferred] in ("cpu", "mps"):
+        return DeviceClaim(devices[preferred], None)
+    rotated = list(devices[preferred:]) + list(devices[:preferred])
+    order = [device for device in rotated if device.startswith("cuda")]  # never fall back to the CPU silently
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    while True:
+        for device in order:
+            handle = open(lock_dir / f"{device.replace(':', '-')}.lock", "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+            handle.flush()
+            return DeviceClaim(device, handle)
+        if time.monotonic() >= deadline:
+            holders = "; ".join(f"{d}: {_holder(lock_dir, d)}" for d in order)
+            raise DeviceBusyError(
+                f"no free device among {', '.join(order)} after waiting {wait_s:.0f} s ({holders}). "
+                "Each GPU runs one shard at a time; wait for a run to finish or raise extraction.device_wait_s"
+            )
+        time.sleep(poll_s)
+
+
+def _holder(lock_dir: Path, device: str) -> str:
+    try:
+        info = json.loads((lock_dir / f"{device.replace(':', '-')}.lock").read_text())
+        return f"held by {info['owner']} (pid {info['pid']} on {info['host']})"
+    except (OSError, ValueError, KeyError):
+        return "held"

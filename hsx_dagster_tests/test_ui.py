@@ -1,0 +1,59 @@
+"""The UI: the webserver on 127.0.0.1 serves the three assets, the shard partitions, the checks and
+the retry schedule, read through its GraphQL API as the UI reads them."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+QUERY = """{
+  assetNodes { assetKey { path } partitionKeys assetChecksOrError { ... on AssetChecks { checks { name blocking } } } }
+  repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name cronSchedule } } } }
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path):
+    port = free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "HSX_SHARDS": "3"}
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    webserver = str(Path(sys.executable).with_name("dagster-webserver"))
+    process = subprocess.Popen(
+        [webserver, "-h", "127.0.0.1", "-p", str(port), "-m", "hsx_dagster.definitions"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()[-3000:]
+            try:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": QUERY}).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    data = json.loads(response.read())["data"]
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "webserver did not answer within 120 s"
+                time.sleep(1)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    nodes = {"/".join(n["assetKey"]["path"]): n for n in data["assetNodes"]}
+    assert set(nodes) == {"tokenized_dataset", "hidden_states", "drafter_dataset"}
+    assert nodes["hidden_states"]["partitionKeys"] == ["shard-00", "shard-01", "shard-02"]
+    checks = {c["name"]: c["blocking"] for c in nodes["drafter_dataset"]["assetChecksOrError"]["checks"]}
+    assert checks == {"drafter_coverage": True, "drafter_integrity": True, "drafter_numerics": True, "drafter_parity": True}
+    schedules = [s for repo in data["repositoriesOrError"]["nodes"] for s in repo["schedules"]]
+    assert [(s["name"], s["cronSchedule"]) for s in schedules] == [("retry_failed_shards", "*/15 * * * *")]
