@@ -19,7 +19,7 @@ from hsx_dagster.schedules import build_retry_schedule, build_shard_job
 
 def build_definitions(settings: Settings) -> Definitions:
     partitions = shard_partitions(settings)
-    shard_job = build_shard_job(partitions)
+    shard_job = build_shard_job(partitions, settings.operations.k8s_run_config)
     retry = build_retry_schedule(shard_job, partitions, settings.operations.retry_cron, settings.operations.max_retries)
     return Definitions(
         assets=[tokenized_dataset, build_hidden_states(partitions), drafter_dataset],

@@ -7,6 +7,10 @@ schedule launched since the shard's last successful materialization); past `max_
 schedule stops retrying that shard and says so.
 """
 
+import json
+from pathlib import Path
+
+import yaml
 from dagster import (
     AssetKey,
     AssetPartitionStatus,
@@ -29,11 +33,16 @@ RETRY_ATTEMPT_TAG = "hsx/retry-attempt"
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
-def build_shard_job(partitions_def: StaticPartitionsDefinition):
+def build_shard_job(partitions_def: StaticPartitionsDefinition, k8s_run_config: Path | None = None):
+    """The job that runs one shard; on Kubernetes its `dagster-k8s/config` tag gives each run one GPU."""
+    tags = {}
+    if k8s_run_config is not None:
+        tags["dagster-k8s/config"] = json.dumps(yaml.safe_load(k8s_run_config.read_text(encoding="utf-8")))
     return define_asset_job(
         "hidden_states_shard",
         selection=AssetSelection.assets(HIDDEN_STATES),
         partitions_def=partitions_def,
+        tags=tags,
         description="One hidden_states shard per run (one run per GPU).",
     )
 

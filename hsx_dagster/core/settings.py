@@ -128,6 +128,9 @@ class DrafterSettings(_Section):
 class OperationsSettings(_Section):
     retry_cron: str = Field("*/15 * * * *", description="When retry_failed_shards looks for failed shards")
     max_retries: int = Field(3, ge=0, description="Retries of one shard by the schedule since its last success")
+    k8s_run_config: Path | None = Field(
+        None, description="YAML of the dagster-k8s/config tag for shard runs (deploy/k8s/shard-run-config.yaml)"
+    )
 
     @field_validator("retry_cron")
     @classmethod
@@ -253,6 +256,9 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, check_files: bo
                 update={"paths": [_resolve(base, p) for p in settings.dataset.paths]}
             ),
             "model": settings.model.model_copy(update={"path": _resolve(base, settings.model.path)}),
+            "operations": settings.operations.model_copy(
+                update={"k8s_run_config": settings.operations.k8s_run_config and _resolve(base, settings.operations.k8s_run_config)}
+            ),
         }
     )
     resolved._source = file
@@ -290,6 +296,9 @@ def _check_files(file: Path, settings: Settings) -> None:
             raise SettingsError(f"{file}: key `dataset.paths[{index}]`: file not found: {path}")
         if not path.is_file():
             raise SettingsError(f"{file}: key `dataset.paths[{index}]`: not a file: {path}")
+    k8s = settings.operations.k8s_run_config
+    if k8s is not None and not k8s.is_file():
+        raise SettingsError(f"{file}: key `operations.k8s_run_config`: file not found: {k8s}")
     model_path = settings.model.path
     if not model_path.is_dir():
         raise SettingsError(f"{file}: key `model.path`: model directory not found: {model_path}")
