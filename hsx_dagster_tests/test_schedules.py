@@ -63,3 +63,31 @@ def test_retries_only_the_failed_shard_within_its_budget(failing_shard_settings)
         requests, skip = evaluate()
         assert requests == []
         assert skip == "retry budget (2) used up: shard-00"
+
+
+def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(failing_shard_settings):
+    settings = load_settings(failing_shard_settings)
+    defs = build_definitions(settings)
+    schedule = defs.resolve_schedule_def("retry_failed_shards")
+    hidden_states = build_hidden_states(shard_partitions(settings))
+    resources = {"settings": HsxSettings(path=str(failing_shard_settings)), "gpu": GpuResource.from_settings(settings)}
+    out = failing_shard_settings.parent / "out" / "hidden_states"
+    with instance_for_test() as instance:
+        def tick():
+            return schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+
+        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
+        good_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "shard-01").iterdir()}
+
+        (out / "shard-00").parent.mkdir(parents=True, exist_ok=True)
+        (out / "shard-00").write_text("not a folder")  # an unusable output path: the run fails
+        assert not materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance, raise_on_error=False).success
+
+        (request,) = tick().run_requests
+        assert request.partition_key == "shard-00"
+        (out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds
+        rerun = materialize([hidden_states], resources=resources, partition_key=request.partition_key, tags=request.tags, instance=instance)
+        assert rerun.success
+        assert tick().skip_message == "no failed hidden_states shard"
+        assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "shard-01").iterdir()} == good_files
