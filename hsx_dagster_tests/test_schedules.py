@@ -1,9 +1,11 @@
 """`retry_failed_shards` against a real instance: one failed shard, one good one."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dagster import RunRequest, SkipReason, build_schedule_context, instance_for_test, materialize
+from dagster import AssetsDefinition, DagsterInstance, RunRequest, build_schedule_context, instance_for_test, materialize
 
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
@@ -26,68 +28,66 @@ def failing_shard_settings(tmp_path, small_inputs, demo_model_dir) -> Path:
     return path
 
 
-def test_retries_only_the_failed_shard_within_its_budget(failing_shard_settings):
+@dataclass
+class Pipeline:
+    instance: DagsterInstance
+    hidden_states: AssetsDefinition
+    resources: dict
+    out: Path
+    tick: Callable
+
+
+@pytest.fixture
+def pipeline(failing_shard_settings):
+    """A test instance with tokenized_dataset and shard-01 materialized, and a way to run a tick."""
     settings = load_settings(failing_shard_settings)
     defs = build_definitions(settings)
     schedule = defs.resolve_schedule_def("retry_failed_shards")
     hidden_states = build_hidden_states(shard_partitions(settings))
     resources = {"settings": HsxSettings(path=str(failing_shard_settings)), "gpu": GpuResource.from_settings(settings)}
-    with instance_for_test() as instance:
-        def evaluate():
-            context = build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
-            tick = schedule.evaluate_tick(context)
-            return list(tick.run_requests or []), tick.skip_message
-
-        requests, skip = evaluate()
-        assert not requests and skip == "no failed hidden_states shard"
-
-        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
-        # shard-00's folder holds states made by another model: every run of it refuses to mix.
-        foreign = failing_shard_settings.parent / "out" / "hidden_states" / "shard-00"
-        foreign.mkdir(parents=True)
-        (foreign / "shard.json").write_text('{"format": "hsx-hidden-states", "config_sha256": "another model"}')
-        assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
-        failed = materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance, raise_on_error=False)
-        assert not failed.success
-
-        requests, _ = evaluate()
-        assert [(r.partition_key, r.tags[RETRY_ATTEMPT_TAG]) for r in requests] == [("shard-00", "1")]
-        assert isinstance(requests[0], RunRequest) and requests[0].run_key.startswith("retry-shard-00-")
-
-        for attempt in (1, 2):  # the schedule's retries fail too (the folder still holds foreign states)
-            retry = materialize(
-                [hidden_states], resources=resources, partition_key="shard-00", instance=instance,
-                tags={RETRY_SHARD_TAG: "shard-00", RETRY_ATTEMPT_TAG: str(attempt)}, raise_on_error=False,
-            )
-            assert not retry.success
-        requests, skip = evaluate()
-        assert requests == []
-        assert skip == "retry budget (2) used up: shard-00"
-
-
-def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(failing_shard_settings):
-    settings = load_settings(failing_shard_settings)
-    defs = build_definitions(settings)
-    schedule = defs.resolve_schedule_def("retry_failed_shards")
-    hidden_states = build_hidden_states(shard_partitions(settings))
-    resources = {"settings": HsxSettings(path=str(failing_shard_settings)), "gpu": GpuResource.from_settings(settings)}
-    out = failing_shard_settings.parent / "out" / "hidden_states"
     with instance_for_test() as instance:
         def tick():
             return schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
 
+        assert tick().skip_message == "no failed hidden_states shard"
         assert materialize([tokenized_dataset], resources=resources, instance=instance).success
         assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
-        good_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "shard-01").iterdir()}
+        yield Pipeline(instance, hidden_states, resources, failing_shard_settings.parent / "out" / "hidden_states", tick)
 
-        (out / "shard-00").parent.mkdir(parents=True, exist_ok=True)
-        (out / "shard-00").write_text("not a folder")  # an unusable output path: the run fails
-        assert not materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance, raise_on_error=False).success
 
-        (request,) = tick().run_requests
-        assert request.partition_key == "shard-00"
-        (out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds
-        rerun = materialize([hidden_states], resources=resources, partition_key=request.partition_key, tags=request.tags, instance=instance)
-        assert rerun.success
-        assert tick().skip_message == "no failed hidden_states shard"
-        assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "shard-01").iterdir()} == good_files
+def test_retries_only_the_failed_shard_within_its_budget(pipeline):
+    def run_shard_00(**tags):
+        return materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key="shard-00",
+                           instance=pipeline.instance, tags=tags, raise_on_error=False)
+
+    # shard-00's folder holds states made by another model: every run of it refuses to mix.
+    (pipeline.out / "shard-00").mkdir(parents=True)
+    (pipeline.out / "shard-00" / "shard.json").write_text('{"format": "hsx-hidden-states", "config_sha256": "another model"}')
+    assert not run_shard_00().success
+
+    (request,) = pipeline.tick().run_requests
+    assert (request.partition_key, request.tags[RETRY_ATTEMPT_TAG]) == ("shard-00", "1")
+    assert isinstance(request, RunRequest) and request.run_key.startswith("retry-shard-00-")
+
+    for attempt in (1, 2):  # the schedule's retries fail too (the folder still holds foreign states)
+        assert not run_shard_00(**{RETRY_SHARD_TAG: "shard-00", RETRY_ATTEMPT_TAG: str(attempt)}).success
+    tick = pipeline.tick()
+    assert not tick.run_requests
+    assert tick.skip_message == "retry budget (2) used up: shard-00"
+
+
+def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
+    good_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (pipeline.out / "shard-01").iterdir()}
+    (pipeline.out / "shard-00").write_text("not a folder")  # an unusable output path: the run fails
+    failed = materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key="shard-00",
+                         instance=pipeline.instance, raise_on_error=False)
+    assert not failed.success
+
+    (request,) = pipeline.tick().run_requests
+    assert request.partition_key == "shard-00"
+    (pipeline.out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds
+    rerun = materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key=request.partition_key,
+                        tags=request.tags, instance=pipeline.instance)
+    assert rerun.success
+    assert pipeline.tick().skip_message == "no failed hidden_states shard"
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (pipeline.out / "shard-01").iterdir()} == good_files
