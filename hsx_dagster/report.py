@@ -13,8 +13,7 @@ from pathlib import Path
 
 from hsx_dagster.core.drafter import MANIFEST_FILE, shard_status
 from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.core.shard_run import shard_totals
-from hsx_dagster.core.store import COMPLETE_FILE
+from hsx_dagster.core.store import COMPLETE_FILE, shard_totals
 from hsx_dagster.core.tokenization import TokenizedSummary
 
 

@@ -85,15 +85,11 @@ class TemplateMarkers:
         controls = {s for s in special if s} | {header.strip(), end_of_turn.strip()}
         return cls(header, end_of_turn, tuple(sorted(s for s in controls if s)))
 
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps([self.assistant_header, self.end_of_turn]).encode()).hexdigest()[:16]
-
 
 @dataclass(frozen=True)
 class RenderedConversation:
     text: str
     supervised: list[tuple[int, int]]  # character spans whose tokens get loss 1
-    num_assistant_turns: int
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thin
             spans.extend(_without_reasoning(text, start, end))
         else:
             spans.append((start, end))
-    return RenderedConversation(text, spans, expected)
+    return RenderedConversation(text, spans)
 
 
 def _without_reasoning(text: str, start: int, end: int) -> list[tuple[int, int]]:

@@ -26,7 +26,7 @@ from safetensors import safe_open
 
 from hsx_dagster import __version__
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.store import COMPLETE_FILE, SHARD_FILE, read_index, write_atomic
+from hsx_dagster.core.store import COMPLETE_FILE, SHARD_FILE, read_index, totals_of, write_atomic
 from hsx_dagster.core.tokenization import TokenizedSummary, read_tokenized_shard
 
 MANIFEST_FILE = "manifest.json"
@@ -108,12 +108,11 @@ def assemble(
             raise AssemblyError(f"{shard} was made differently from {shard_keys[0]} ({', '.join(differing)}); re-run it")
 
     columns: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
-    shard_stats, hidden_size, total_bytes = [], None, 0
+    shard_stats, hidden_size = [], None
     for shard in shard_keys:
         folder = hidden_states_dir / shard
-        loss_tokens = dict(
-            zip(*(read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "num_loss_tokens"]).column(c).to_pylist() for c in ("sample_id", "num_loss_tokens")))
-        )
+        tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "num_loss_tokens"])
+        loss_tokens = dict(zip(tokenized.column("sample_id").to_pylist(), tokenized.column("num_loss_tokens").to_pylist()))
         records = read_index(folder)
         for record in records:
             with safe_open(str(folder / record.chunk), framework="pt") as chunk:
@@ -127,17 +126,9 @@ def assemble(
                 columns["num_tokens"].append(offsets[position + 1] - offsets[position])
                 columns["num_loss_tokens"].append(loss_tokens[sample_id])
                 columns["split"].append(split_of(sample_id, val_fraction))
-        shard_bytes = sum(r.bytes for r in records)
-        total_bytes += shard_bytes
-        shard_stats.append(
-            {
-                "shard": shard,
-                "samples": sum(r.samples for r in records),
-                "tokens": sum(r.tokens for r in records),
-                "bytes": shard_bytes,
-                "chunks": len(records),
-            }
-        )
+        totals = totals_of(records)
+        shard_stats.append({"shard": shard, **totals, "chunks": len(totals["chunks"])})
+    total_bytes = sum(s["bytes"] for s in shard_stats)
 
     table = pa.table(columns, schema=INDEX_SCHEMA).sort_by("sample_id")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +56,6 @@ class ExtractionReport:
     final_max_batch_tokens: int
     peak_memory_bytes: int
     device: str
-    extra: dict = field(default_factory=dict)
 
     @property
     def samples_per_s(self) -> float:

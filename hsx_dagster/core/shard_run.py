@@ -22,7 +22,7 @@ from hsx_dagster.core.backbone import BackboneInfo, check_model_dir, load_backbo
 from hsx_dagster.core.devices import DEFAULT_LOCK_DIR, candidate_devices, claim_device
 from hsx_dagster.core.extract import ExtractionReport, ExtractOptions, extract_shard
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, ShardStore, read_index
+from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, ShardStore, shard_totals
 from hsx_dagster.core.tokenization import read_tokenized_shard
 
 log = logging.getLogger(__name__)
@@ -143,16 +143,6 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
             raise RuntimeError(f"{job.shard}: {totals['samples']} samples committed, expected {table.num_rows}")
         store.mark_complete({**totals, "provenance": provenance, "last_run": result.to_dict()})
     return ShardResult(result, backbone.info, provenance["compute_dtype"], totals)
-
-
-def shard_totals(directory: Path) -> dict:
-    records = read_index(directory)
-    return {
-        "samples": sum(r.samples for r in records),
-        "tokens": sum(r.tokens for r in records),
-        "bytes": sum(r.bytes for r in records),
-        "chunks": [r.chunk for r in records],
-    }
 
 
 def _pad_token_id(backbone) -> int:

@@ -267,6 +267,20 @@ def read_index(directory: Path) -> list[ChunkRecord]:
     return records
 
 
+def totals_of(records: Sequence[ChunkRecord]) -> dict:
+    """Samples, tokens, bytes and chunk names over committed chunks."""
+    return {
+        "samples": sum(r.samples for r in records),
+        "tokens": sum(r.tokens for r in records),
+        "bytes": sum(r.bytes for r in records),
+        "chunks": [r.chunk for r in records],
+    }
+
+
+def shard_totals(directory: Path) -> dict:
+    return totals_of(read_index(directory))
+
+
 def iter_shard_samples(directory: Path) -> Iterator[dict[str, torch.Tensor | int]]:
     """Every committed sample of a shard, in commit order, read through memory-mapped slices."""
     directory = Path(directory)
