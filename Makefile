@@ -2,13 +2,15 @@
 #   make demo   set up, then run the whole pipeline on the embedded demo and print a summary
 #   make test   the test suite (what CI runs)
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
+#   make bench  the CPU benchmark (under 10 minutes on 2 cores): benchmarks/results/<date>-cpu.{json,md}
+#   make bench-gpu  the GPU benchmark (one GPU, under 8 minutes): benchmarks/results/<date>-gpu.{json,md}
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: demo test ui install data instance clean
+.PHONY: demo test ui bench bench-gpu install data instance clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +42,13 @@ demo: data instance
 
 test: data
 	$(BIN)/python -m pytest -q
+
+bench: data
+	$(BIN)/python -m benchmarks.cpu
+
+# Needs only torch, transformers, safetensors, pyarrow and numpy: runs with a GPU box's own Python too.
+bench-gpu:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/gpu.py
 
 ui: data instance
 	$(BIN)/dagster dev -m hsx_dagster.definitions -h 127.0.0.1 -p 3000

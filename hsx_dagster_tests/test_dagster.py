@@ -72,6 +72,10 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         assert metadata["shard_token_imbalance_max_over_mean"].value < 1.01
         assert "| shard-02 |" in metadata["per_shard"].value
         assert "| tokens | samples |" in metadata["token_length_histogram"].value
+        # disk estimate per storage dtype, before any model loads: fp8 about half of bfloat16
+        assert 0.5 < metadata["estimated_bytes_float8_e4m3"].value / metadata["estimated_bytes_bfloat16"].value < 0.55
+        assert metadata["estimated_bytes_float32"].value > metadata["estimated_bytes_bfloat16"].value
+        assert "| shard-02 |" in metadata["estimated_bytes_per_shard"].value
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("tokenized_dataset_consistent", True)]
 
@@ -221,7 +225,7 @@ def test_every_gpu_knob_reaches_the_resource_from_the_environment(settings_file,
 
 
 def test_bad_run_config_for_the_gpu_is_named(settings_file):
-    with pytest.raises(SettingsError, match=r"resource `gpu` config: `storage_dtype`: Input should be 'bfloat16', 'float16' or 'float32'"):
+    with pytest.raises(SettingsError, match=r"resource `gpu` config: `storage_dtype`: Input should be 'bfloat16', 'float16', 'float32' or 'float8_e4m3'"):
         GpuResource(storage_dtype="int8").validated()
     with pytest.raises(SettingsError, match=r"`devices`.*'tpu' is not a device"):
         GpuResource(devices=["tpu"]).validated()

@@ -168,6 +168,13 @@ def test_flipped_byte_fails_integrity_naming_the_chunk(broken_copy):
     assert check_coverage(broken_copy / "drafter", broken_copy / "tokenized").passed  # ids untouched: only integrity sees it
 
 
+def test_garbled_index_line_fails_integrity_naming_the_line(broken_copy):
+    index = broken_copy / "hidden_states" / "shard-01" / SHARD_INDEX
+    index.write_text("{not json\n" + index.read_text())
+    outcome = check_integrity(broken_copy / "drafter")
+    assert not outcome.passed and f"{index}: line 1 is not JSON" in outcome.description
+
+
 def test_nan_fails_numerics_naming_the_sample(broken_copy):
     name = first_chunk(broken_copy)
 

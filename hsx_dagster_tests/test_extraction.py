@@ -261,3 +261,20 @@ def test_a_shard_run_killed_with_sigkill_leaves_no_lock_and_resumes(tokenized, d
     assert result.report.samples_skipped >= 3 and result.totals["samples"] == 28
     assert sorted(stored_samples(out)) == sorted(read_tokenized_shard(tokenized, "shard-00").column("sample_id").to_pylist())
     assert not [p for p in out.iterdir() if ".tmp" in p.name]
+
+
+def test_rerunning_a_complete_shard_loads_no_model(tokenized, demo_model_dir, tmp_path, monkeypatch):
+    from hsx_dagster.core import shard_run as shard_run_module
+
+    job = make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3))
+    first = run_shard(job)
+    chunks = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("chunk-*")}
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a complete shard loaded the model again")
+
+    monkeypatch.setattr(shard_run_module, "load_backbone", must_not_load)
+    again = run_shard(job)
+    assert again.backbone is None and again.report.samples == 0 and again.report.samples_skipped == 28
+    assert again.totals == first.totals and (tmp_path / "out" / "complete.json").is_file()
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("chunk-*")} == chunks

@@ -48,8 +48,14 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
         settings=loaded.public_dict(),
     )
     context.log.info(f"assembled {summary.samples} samples from {len(summary.shards)} shards into {loaded.drafter_dir}")
-    rows = ["| shard | samples | tokens | GB |", "|---|---:|---:|---:|"] + [
-        f"| {s['shard']} | {s['samples']:,} | {s['tokens']:,} | {s['bytes'] / 1e9:.3f} |" for s in summary.shards
+    if summary.ignored_folders:
+        context.log.warning(
+            f"{loaded.hidden_states_dir} also holds {', '.join(summary.ignored_folders)}, not shards of the current "
+            f"settings ({loaded.shards} shards); they are not part of the dataset: delete them to free their space"
+        )
+    rows = ["| shard | samples | quarantined | tokens | GB |", "|---|---:|---:|---:|---:|"] + [
+        f"| {s['shard']} | {s['samples']:,} | {s['quarantined']:,} | {s['tokens']:,} | {s['bytes'] / 1e9:.3f} |"
+        for s in summary.shards
     ]
     return MaterializeResult(
         metadata={
@@ -61,9 +67,12 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
             "val_samples": summary.val_samples,
             "layers": MetadataValue.json(summary.manifest["layers"]),
             "storage_dtype": summary.manifest["storage_dtype"],
+            "quantization": MetadataValue.json(summary.manifest["quantization"] or {}),
+            "quarantined_samples": summary.manifest["quarantined"]["samples"],
             "per_shard": MetadataValue.md("\n".join(rows)),
             "how_to_load": MetadataValue.md(HOW_TO_LOAD.format(path=loaded.drafter_dir)),
             "path": MetadataValue.path(str(loaded.drafter_dir)),
+            "ignored_folders": MetadataValue.json(summary.ignored_folders),
         }
     )
 

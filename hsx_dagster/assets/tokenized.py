@@ -22,6 +22,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from hsx_dagster.core.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
 from hsx_dagster.resources import HsxSettings
 
@@ -55,7 +56,13 @@ def tokenized_dataset(context: AssetExecutionContext, config: TokenizeConfig, se
     )
     context.log.info(f"settings {loaded.source}: {len(dataset.paths)} input files, {loaded.shards} shards")
     summary = tokenize_dataset(dataset.paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info)
-    return MaterializeResult(metadata=tokenized_metadata(summary, loaded.tokenized_dir))
+    shape = StoredShape.of_model(loaded.model.path, loaded.layer_ids, loaded.model.include_final)
+    estimate = estimate_by_dtype(summary.shards, shape, int(loaded.extraction.chunk_mb * 2**20))
+    context.log.info(
+        f"hidden states will take about {format_bytes(sum(estimate[loaded.extraction.storage_dtype].values()))} "
+        f"({loaded.extraction.storage_dtype}; {shape.layers} vectors of {shape.hidden_size} per token)"
+    )
+    return MaterializeResult(metadata={**tokenized_metadata(summary, loaded.tokenized_dir), **estimate_metadata(estimate)})
 
 
 def tokenized_metadata(summary: TokenizedSummary, tokenized_dir: Path) -> dict:
@@ -79,6 +86,18 @@ def tokenized_metadata(summary: TokenizedSummary, tokenized_dir: Path) -> dict:
         "bytes": summary.bytes_written,
         "chat_template_sha256_16": summary.tokenizer["chat_template_sha256_16"],
         "path": MetadataValue.path(str(tokenized_dir)),
+    }
+
+
+def estimate_metadata(estimate: dict[str, dict[str, int]]) -> dict:
+    """Disk the hidden states will take, per storage dtype (a number each, to plot) and per shard."""
+    shards = list(next(iter(estimate.values())))
+    rows = ["| shard | " + " | ".join(estimate) + " |", "|---|" + "---:|" * len(estimate)]
+    rows += [f"| {shard} | " + " | ".join(format_bytes(estimate[d][shard]) for d in estimate) + " |" for shard in shards]
+    rows += ["| **total** | " + " | ".join(f"**{format_bytes(sum(estimate[d].values()))}**" for d in estimate) + " |"]
+    return {
+        **{f"estimated_bytes_{dtype}": sum(by_shard.values()) for dtype, by_shard in estimate.items()},
+        "estimated_bytes_per_shard": MetadataValue.md("\n".join(rows)),
     }
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from hsx_dagster.core.settings import missing_weight_files
+
 log = logging.getLogger(__name__)
 
 
@@ -94,6 +96,9 @@ def check_model_dir(model_path: Path) -> None:
         raise BackboneError(f"{model_path}: no config.json (not a Hugging Face model directory)")
     if not any(model_path.glob("*.safetensors")) and not any(model_path.glob("*.bin")):
         raise BackboneError(f"{model_path}: no weights (*.safetensors or *.bin) found")
+    missing = missing_weight_files(model_path)
+    if missing:
+        raise BackboneError(f"{model_path}: weight files named by the checkpoint index are missing: {', '.join(missing[:5])}")
 
 
 def load_backbone(

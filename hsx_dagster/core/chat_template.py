@@ -32,7 +32,7 @@ _PROBE_ASSISTANT = "hsxprobeassistantturn"
 
 
 class TemplateError(ValueError):
-    """The tokenizer's chat template cannot be used (missing, or its turns cannot be located)."""
+    """The tokenizer or its chat template cannot be used (missing, or its turns cannot be located)."""
 
 
 class SampleRejected(Exception):

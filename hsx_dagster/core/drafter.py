@@ -5,7 +5,9 @@
 - ``index.parquet``: one row per sample: sample_id, shard, chunk (path relative to the output
   folder), position (within the chunk), num_tokens, num_loss_tokens, split;
 - ``manifest.json``: what the data is and how it was made (model and tokenizer hashes, layer ids
-  and their convention, dtypes, totals, per-shard statistics, settings, package version).
+  and their convention, dtypes and the fp8 scale layout, totals, per-shard statistics, settings,
+  package version);
+- ``quarantine.parquet``: samples set aside during extraction (sample_id, shard, reason, detail).
 
 The split is a pure function of the sample id, so it never changes when shards are re-run or
 more data is added.
@@ -17,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,11 +28,23 @@ from safetensors import safe_open
 
 from hsx_dagster import __version__
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.store import COMPLETE_FILE, SHARD_FILE, read_index, totals_of, write_atomic
-from hsx_dagster.core.tokenization import TokenizedSummary, read_tokenized_shard
+from hsx_dagster.core.quantization import FP8_DTYPE, scale_layout
+from hsx_dagster.core.size_estimate import StoredShape
+from hsx_dagster.core.store import (
+    COMPLETE_FILE,
+    SHARD_FILE,
+    STORAGE_DTYPES,
+    read_index,
+    read_quarantine,
+    totals_of,
+    write_atomic,
+)
+from hsx_dagster.core.tokenization import TokenizedSummary, read_tokenized_shard, tokenized_shard_keys
 
 MANIFEST_FILE = "manifest.json"
 INDEX_FILE = "index.parquet"
+QUARANTINE_FILE = "quarantine.parquet"
+QUARANTINE_SCHEMA = pa.schema([("sample_id", pa.int64()), ("shard", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
 MANIFEST_VERSION = 1
 INDEX_SCHEMA = pa.schema(
     [
@@ -58,6 +72,7 @@ class DrafterSummary:
     val_samples: int
     shards: list[dict]
     manifest: dict
+    ignored_folders: list[str] = field(default_factory=list)  # hidden_states/<name> that is not a current shard
 
 
 def split_of(sample_id: int, val_fraction: float) -> str:
@@ -93,11 +108,27 @@ def assemble(
     val_fraction: float,
     settings: dict,
 ) -> DrafterSummary:
+    made = tokenized_shard_keys(tokenized_dir)
+    if made and made != list(shard_keys):
+        # Assembling other shards than the tokenized ones would drop samples or read stale ones.
+        raise AssemblyError(
+            f"cannot assemble the drafter dataset: the tokenized dataset in {tokenized_dir} has {len(made)} shards, "
+            f"the settings {len(shard_keys)} (key `shards`). Set shards: {len(made)} again, or materialize "
+            "tokenized_dataset and then every hidden_states shard with the new count"
+        )
     status = shard_status(hidden_states_dir, shard_keys, tokenized_dir)
     not_ready = {shard: state for shard, state in status.items() if state != "complete"}
     if not_ready:
         listed = ", ".join(f"{shard} ({state})" for shard, state in sorted(not_ready.items()))
-        raise AssemblyError(f"cannot assemble the drafter dataset: shards not ready: {listed}; materialize them first")
+        stale = (
+            "; a stale shard was extracted from an earlier tokenized dataset: re-run it with "
+            "extraction.on_mismatch: start_over"
+            if "stale" in not_ready.values() else ""
+        )
+        raise AssemblyError(f"cannot assemble the drafter dataset: shards not ready: {listed}; materialize them first{stale}")
+    ignored = sorted(
+        path.name for path in Path(hidden_states_dir).iterdir() if path.is_dir() and path.name not in shard_keys
+    )
 
     provenances = {s: json.loads((hidden_states_dir / s / SHARD_FILE).read_text(encoding="utf-8")) for s in shard_keys}
     shared_keys = ("config_sha256", "weights_index_sha256", "layer_ids", "include_final", "storage_dtype", "compute_dtype")
@@ -108,6 +139,7 @@ def assemble(
             raise AssemblyError(f"{shard} was made differently from {shard_keys[0]} ({', '.join(differing)}); re-run it")
 
     columns: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
+    quarantined: dict[str, list] = {name: [] for name in QUARANTINE_SCHEMA.names}
     shard_stats, hidden_size = [], None
     for shard in shard_keys:
         folder = hidden_states_dir / shard
@@ -126,8 +158,12 @@ def assemble(
                 columns["num_tokens"].append(offsets[position + 1] - offsets[position])
                 columns["num_loss_tokens"].append(loss_tokens[sample_id])
                 columns["split"].append(split_of(sample_id, val_fraction))
+        set_aside = read_quarantine(folder)
+        for entry in set_aside:
+            for name, value in (("sample_id", entry.sample_id), ("shard", shard), ("reason", entry.reason), ("detail", entry.detail)):
+                quarantined[name].append(value)
         totals = totals_of(records)
-        shard_stats.append({"shard": shard, **totals, "chunks": len(totals["chunks"])})
+        shard_stats.append({"shard": shard, **totals, "chunks": len(totals["chunks"]), "quarantined": len(set_aside)})
     total_bytes = sum(s["bytes"] for s in shard_stats)
 
     table = pa.table(columns, schema=INDEX_SCHEMA).sort_by("sample_id")
@@ -135,9 +171,14 @@ def assemble(
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer)
     write_atomic(out_dir / INDEX_FILE, buffer.getvalue().to_pybytes())
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table(quarantined, schema=QUARANTINE_SCHEMA), buffer)
+    write_atomic(out_dir / QUARANTINE_FILE, buffer.getvalue().to_pybytes())
 
     tokenized = TokenizedSummary.read(tokenized_dir)
     model_path = Path(first["model_path"])
+    if hidden_size is None:  # no chunk at all (every sample quarantined)
+        hidden_size = StoredShape.of_model(model_path, first["layer_ids"], False).hidden_size
     tokenizer_file = model_path / "tokenizer.json"
     splits = table.column("split").to_pylist()
     manifest = {
@@ -156,7 +197,10 @@ def assemble(
         "hidden_size": hidden_size,
         "compute_dtype": first["compute_dtype"],
         "storage_dtype": first["storage_dtype"],
+        # null for bfloat16/float16/float32; for fp8 how to de-quantise without this package
+        "quantization": scale_layout(hidden_size) if STORAGE_DTYPES[first["storage_dtype"]] == FP8_DTYPE else None,
         "totals": {"samples": table.num_rows, "tokens": sum(s["tokens"] for s in shard_stats), "bytes": total_bytes},
+        "quarantined": {"samples": len(quarantined["sample_id"]), "file": QUARANTINE_FILE},
         "splits": {"val_fraction": val_fraction, "train": splits.count("train"), "val": splits.count("val")},
         "shards": shard_stats,
         "settings": settings,
@@ -172,5 +216,6 @@ def assemble(
         val_samples=manifest["splits"]["val"],
         shards=shard_stats,
         manifest=manifest,
+        ignored_folders=ignored,
     )
 

@@ -4,8 +4,9 @@ copy per batch, chunk writing overlapped with compute, resumable, and out-of-mem
 Per batch: right-pad the rows (real tokens first, so a causal model's real positions never see the
 padding), run the truncated backbone once, gather the real tokens of every captured layer into one
 flat ``[tokens, layers, hidden]`` tensor in the storage dtype *on the device*, and copy it to the
-host once (pinned memory, non-blocking). A background thread turns batches into chunks while the
-next batch computes.
+host once (pinned memory, non-blocking). With fp8 storage the states are quantised on the device
+too, so the copy is half as big. Per-token NaN/Inf flags travel with the batch, so screening them
+costs no synchronisation. A background thread turns batches into chunks while the next batch computes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from hsx_dagster.core.backbone import Backbone
 from hsx_dagster.core.batching import Batch, plan_batches
+from hsx_dagster.core.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, quantize
 from hsx_dagster.core.store import STORAGE_DTYPES, ChunkWriter, HostBatch, ShardStore
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class ExtractOptions:
     chunk_bytes: int = 256 * 2**20
     progress_every_s: float = 5.0
     pad_token_id: int = 0
+    nan_policy: str = "fail"  # or "quarantine": see ChunkWriter
 
 
 @dataclass
@@ -56,6 +59,11 @@ class ExtractionReport:
     final_max_batch_tokens: int
     peak_memory_bytes: int
     device: str
+    quarantined: list[dict]  # samples set aside by this run, with the reason
+
+    @classmethod
+    def nothing_to_do(cls, shard: str, samples_total: int, device: torch.device) -> ExtractionReport:
+        return cls(shard, samples_total, samples_total, 0, 0, 0, 0, [], 0, 0.0, 0.0, 0, 0, 0, str(device), [])
 
     @property
     def samples_per_s(self) -> float:
@@ -148,7 +156,8 @@ def extract_shard(
     budget = options.max_batch_tokens
     queue = deque(plan_batches(lengths, options.batch_size, budget))
     timer = _ForwardTimer(device)
-    writer = ChunkWriter(store, options.chunk_bytes, metadata)
+    slot_names = [f"layer {i}" for i in backbone.info.layer_ids] + (["final"] if backbone.info.include_final else [])
+    writer = ChunkWriter(store, options.chunk_bytes, metadata, nan_policy=options.nan_policy, slot_names=slot_names)
     extracted = tokens = computed = batches = oom_splits = 0
     last_report = started
     try:
@@ -204,6 +213,7 @@ def extract_shard(
         final_max_batch_tokens=budget,
         peak_memory_bytes=_peak_memory(device),
         device=str(device),
+        quarantined=[asdict(record) for record in writer.quarantined],
     )
 
 
@@ -242,37 +252,51 @@ def _run_batch(
 
     started = timer.start()
     captured = backbone.forward(input_tensor, mask_tensor)
-    layer_ids = backbone.info.layer_ids
-    hidden_size = captured[layer_ids[0]].shape[-1]
-    hidden = torch.empty((len(positions), len(layer_ids), hidden_size), dtype=storage_dtype, device=device)
-    for slot, layer in enumerate(layer_ids):
-        hidden[:, slot] = captured[layer].reshape(-1, hidden_size).index_select(0, positions)  # cast on copy
-    final = None
-    if backbone.info.include_final:
-        final = captured["final"].reshape(-1, hidden_size).index_select(0, positions).to(storage_dtype)
+    slots = list(backbone.info.layer_ids) + (["final"] if backbone.info.include_final else [])
+    hidden_size = captured[slots[0]].shape[-1]
+    fp8 = storage_dtype == FP8_DTYPE
+    # Layers are gathered into one [T, L, H] tensor; fp8 gathers in the compute dtype, then quantises.
+    gathered = torch.empty(
+        (len(positions), len(slots), hidden_size), dtype=captured[slots[0]].dtype if fp8 else storage_dtype, device=device
+    )
+    for slot, key in enumerate(slots):
+        gathered[:, slot] = captured[key].reshape(-1, hidden_size).index_select(0, positions)  # cast on copy
     del captured
+    nonfinite = ~torch.isfinite(gathered).all(dim=-1)  # [T, slots]: screened on the host, no sync here
+    states = {"hidden_states": gathered}
+    if fp8:
+        quantized, scales = quantize(gathered, block_size_for(hidden_size))
+        states = {"hidden_states": quantized, "hidden_states" + SCALES_SUFFIX: scales}
+    if backbone.info.include_final:  # stored apart: [T, H]
+        states = {name: tensor[:, :-1] for name, tensor in states.items()} | {
+            name.replace("hidden_states", "final_hidden_states"): tensor[:, -1] for name, tensor in states.items()
+        }
     timer.stop(started)
 
     ready = None
     if cuda:
-        hidden = _to_host(hidden)
-        final = _to_host(final) if final is not None else None
+        states = {name: _to_host(tensor) for name, tensor in states.items()}
+        nonfinite = _to_host(nonfinite)
         ready = torch.cuda.Event()
         ready.record()
+    else:  # slices of one buffer: make each stored tensor its own contiguous block
+        states = {name: tensor.contiguous() for name, tensor in states.items()}
     return HostBatch(
         sample_ids=[int(sample_ids[r]) for r in rows],
         lengths=lengths,
-        input_ids=torch.from_numpy(np.concatenate(ids_per_row).astype(np.int32)),
-        loss_mask=torch.from_numpy(np.concatenate(masks_per_row).astype(np.uint8)),
-        hidden_states=hidden,
-        final_hidden_states=final,
+        tensors={
+            "input_ids": torch.from_numpy(np.concatenate(ids_per_row).astype(np.int32)),
+            "loss_mask": torch.from_numpy(np.concatenate(masks_per_row).astype(np.uint8)),
+            **states,
+        },
+        nonfinite=nonfinite,
         ready=ready,
     )
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     """One non-blocking copy into pinned host memory (PyTorch caches pinned blocks between batches)."""
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)  # contiguous, unlike a slice
     host.copy_(tensor, non_blocking=True)
     return host
 

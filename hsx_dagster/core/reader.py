@@ -7,6 +7,10 @@
 Reads are memory-mapped slices of the safetensors chunks (a sample never loads its whole chunk),
 open files are per process (safe with DataLoader workers, forked or spawned), and nothing on the
 read path unpickles: the index is Parquet, the manifest JSON, the tensors safetensors.
+
+fp8 datasets (``storage_dtype: float8_e4m3``) come back de-quantised, in bfloat16 unless ``dtype``
+says otherwise; ``raw=True`` hands out the fp8 states and their ``*_scales`` as stored, for
+trainers that de-quantise on their own GPU (layout in ``manifest["quantization"]``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hsx_dagster.core.drafter import INDEX_FILE, MANIFEST_FILE
+from hsx_dagster.core.store import read_sample
 
 
 class DatasetError(RuntimeError):
@@ -28,9 +33,14 @@ class DatasetError(RuntimeError):
 
 
 class DrafterDataset(torch.utils.data.Dataset):
-    """Samples of an assembled drafter dataset, ordered by sample id; ``split`` is 'train', 'val' or None."""
+    """Samples of an assembled drafter dataset, ordered by sample id; ``split`` is 'train', 'val' or None.
 
-    def __init__(self, path: str | os.PathLike[str], split: str | None = None) -> None:
+    ``dtype`` casts (or de-quantises) the states; None keeps the stored dtype (bfloat16 for fp8).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], split: str | None = None, *, dtype: torch.dtype | None = None, raw: bool = False
+    ) -> None:
         self.path = Path(path)
         manifest_file = self.path / MANIFEST_FILE
         if not manifest_file.is_file():
@@ -42,13 +52,14 @@ class DrafterDataset(torch.utils.data.Dataset):
         if split is not None:
             table = table.filter(pc.equal(table.column("split"), split))
         self.split = split
+        self.dtype = dtype
+        self.raw = raw
         self._root = (self.path / self.manifest.get("chunks_root", "..")).resolve()
         self._sample_ids = table.column("sample_id").to_pylist()
         self._chunks = table.column("chunk").to_pylist()
         self._positions = table.column("position").to_pylist()
         self._num_tokens = table.column("num_tokens").to_pylist()
-        self._has_final = bool(self.manifest["layers"]["include_final"])
-        self._open: dict[str, tuple[object, list[int]]] = {}
+        self._open: dict[str, tuple[object, list[int], list[int]]] = {}
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -67,17 +78,15 @@ class DrafterDataset(torch.utils.data.Dataset):
         if not -len(self) <= index < len(self):
             raise IndexError(f"sample {index} out of range for {len(self)} samples")
         chunk_name, position = self._chunks[index], self._positions[index]
-        chunk, offsets = self._chunk(chunk_name)
+        chunk, offsets, chunk_ids = self._chunk(chunk_name)
+        if position >= len(chunk_ids) or chunk_ids[position] != self._sample_ids[index]:
+            raise DatasetError(
+                f"{self._root / chunk_name}: position {position} does not hold sample {self._sample_ids[index]}: the "
+                "chunk was replaced after assembly or the index is stale; assemble the drafter dataset again"
+            )
         start, end = offsets[position], offsets[position + 1]
         try:
-            sample = {
-                "sample_id": self._sample_ids[index],
-                "input_ids": chunk.get_slice("input_ids")[start:end].to(torch.int64),
-                "loss_mask": chunk.get_slice("loss_mask")[start:end],
-                "hidden_states": chunk.get_slice("hidden_states")[start:end],
-            }
-            if self._has_final:
-                sample["final_hidden_states"] = chunk.get_slice("final_hidden_states")[start:end]
+            sample = {"sample_id": self._sample_ids[index], **read_sample(chunk, start, end, dtype=self.dtype, raw=self.raw)}
         except (SafetensorError, RuntimeError, ValueError) as exc:
             raise DatasetError(f"{self._root / chunk_name}: cannot read sample {self._sample_ids[index]}: {exc}") from None
         return sample
@@ -86,15 +95,18 @@ class DrafterDataset(torch.utils.data.Dataset):
         if os.getpid() != self._pid:  # a forked DataLoader worker: never share the parent's open files
             self._open, self._pid = {}, os.getpid()
         if name not in self._open:
+            if Path(name).is_absolute() or ".." in Path(name).parts:  # the index names files under the dataset only
+                raise DatasetError(f"{self.path / self.manifest.get('index', INDEX_FILE)}: chunk path {name!r} leaves the dataset")
             path = self._root / name
             try:
                 handle = safe_open(str(path), framework="pt")
                 offsets = handle.get_tensor("offsets").tolist()
+                sample_ids = handle.get_tensor("sample_ids").tolist()
             except FileNotFoundError:
                 raise DatasetError(f"{path}: chunk file is missing") from None
             except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
                 raise DatasetError(f"{path}: not a readable safetensors chunk (truncated or corrupted?): {exc}") from None
-            self._open[name] = (handle, offsets)
+            self._open[name] = (handle, offsets, sample_ids)
         return self._open[name]
 
     def __getstate__(self) -> dict:
@@ -106,25 +118,22 @@ class DrafterDataset(torch.utils.data.Dataset):
 
 
 def collate_drafter_batch(samples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples into a batch, with an attention mask (1 on real tokens)."""
+    """Right-pad a list of samples into a batch, with an attention mask (1 on real tokens).
+
+    Every per-token tensor (ids, mask, states, fp8 scales when read raw) is padded alike.
+    """
     longest = max(len(s["input_ids"]) for s in samples)
     count = len(samples)
-    first = samples[0]
-    batch = {
-        "sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64),
-        "input_ids": torch.full((count, longest), pad_token_id, dtype=torch.int64),
-        "loss_mask": torch.zeros((count, longest), dtype=first["loss_mask"].dtype),
-        "attention_mask": torch.zeros((count, longest), dtype=torch.int64),
-        "hidden_states": torch.zeros((count, longest, *first["hidden_states"].shape[1:]), dtype=first["hidden_states"].dtype),
-    }
-    if "final_hidden_states" in first:
-        batch["final_hidden_states"] = torch.zeros((count, longest, first["final_hidden_states"].shape[-1]), dtype=first["final_hidden_states"].dtype)
+    per_token = [name for name, value in samples[0].items() if isinstance(value, torch.Tensor)]
+    batch = {"sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64)}
+    for name in per_token:
+        first = samples[0][name]
+        fill = pad_token_id if name == "input_ids" else 0
+        batch[name] = torch.full((count, longest, *first.shape[1:]), fill, dtype=first.dtype)
+    batch["attention_mask"] = torch.zeros((count, longest), dtype=torch.int64)
     for row, sample in enumerate(samples):
         length = len(sample["input_ids"])
-        batch["input_ids"][row, :length] = sample["input_ids"]
-        batch["loss_mask"][row, :length] = sample["loss_mask"]
+        for name in per_token:
+            batch[name][row, :length] = sample[name]
         batch["attention_mask"][row, :length] = 1
-        batch["hidden_states"][row, :length] = sample["hidden_states"]
-        if "final_hidden_states" in batch:
-            batch["final_hidden_states"][row, :length] = sample["final_hidden_states"]
     return batch

@@ -26,6 +26,7 @@ from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_la
 
 CONFIG_ENV_VAR = "HSX_CONFIG"
 DEFAULT_SETTINGS_FILE = "hsx.yaml"
+SHARD_KEY = re.compile(r"shard-\d{2,}")
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -88,7 +89,13 @@ class ExtractionSettings(_Section):
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="auto: bfloat16 on a GPU, float32 on the CPU"
     )
-    storage_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    storage_dtype: Literal["bfloat16", "float16", "float32", "float8_e4m3"] = Field(
+        "bfloat16", description="float8_e4m3: block-scaled fp8, half of bfloat16's bytes, about 2.4% error per token"
+    )
+    nan_policy: Literal["fail", "quarantine"] = Field(
+        "fail", description="NaN/Inf in a sample's states: fail the shard naming the samples, or set them aside "
+        "in quarantine.jsonl and go on"
+    )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
     max_batch_tokens: int = Field(
@@ -98,6 +105,10 @@ class ExtractionSettings(_Section):
     device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
     device_lock_dir: Path = Field(
         Path("/tmp/hsx-dagster-device-locks"), description="Per-host folder of GPU claims (one run per GPU)"
+    )
+    on_mismatch: Literal["refuse", "start_over"] = Field(
+        "refuse", description="A shard folder made with another model, layers, dtype or tokenized input: refuse "
+        "to mix, or start_over (delete that shard's states and redo it)"
     )
 
     @field_validator("devices", mode="before")
@@ -202,6 +213,20 @@ class Settings(BaseSettings):
     def drafter_dir(self) -> Path:
         return self.output_dir / "drafter"
 
+    def shard_index(self, key: str) -> int:
+        """Position of a partition key among the shards; a key that is not one of them is a SettingsError."""
+        if key not in self.shard_keys:
+            check_shard_key(key)
+            raise SettingsError(
+                f"{self._source or 'settings'}: partition {key!r} is not one of the {self.shards} shards of key `shards` "
+                f"({self.shard_keys[0]} .. {self.shard_keys[-1]})"
+            )
+        return self.shard_keys.index(key)
+
+    def shard_dir(self, key: str) -> Path:
+        """A shard's hidden-state folder; only the settings' own shard keys reach the file system."""
+        return self.hidden_states_dir / self.shard_keys[self.shard_index(key)]
+
     def public_dict(self) -> dict[str, Any]:
         """JSON-ready settings, for metadata and manifests."""
         return json.loads(self.model_dump_json())
@@ -211,6 +236,26 @@ def shard_keys(count: int) -> list[str]:
     """`shard-00`, `shard-01`, ...; wider numbers only when there are more than 100 shards."""
     width = max(2, len(str(count - 1)))
     return [f"shard-{index:0{width}d}" for index in range(count)]
+
+
+def check_shard_key(key: str) -> str:
+    """Shard keys name files and folders under output_dir: anything but shard-NN could escape it."""
+    if not isinstance(key, str) or not SHARD_KEY.fullmatch(key):
+        raise SettingsError(f"{key!r} is not a shard key (shard-00, shard-01, ...); shard keys name folders under output_dir")
+    return key
+
+
+def missing_weight_files(model_path: Path) -> list[str]:
+    """Weight files a sharded checkpoint's index names but the directory lacks (read from JSON only)."""
+    missing: set[str] = set()
+    for index_file in sorted(model_path.glob("*.index.json")):
+        try:
+            weight_map = json.loads(index_file.read_text(encoding="utf-8")).get("weight_map") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            missing.add(f"{index_file.name} (not valid JSON)")
+            continue
+        missing.update(name for name in set(weight_map.values()) if not (model_path / name).is_file())
+    return sorted(missing)
 
 
 def settings_path(path: str | os.PathLike[str] | None = None) -> Path:
@@ -296,6 +341,12 @@ def _check_files(file: Path, settings: Settings) -> None:
             raise SettingsError(f"{file}: key `dataset.paths[{index}]`: file not found: {path}")
         if not path.is_file():
             raise SettingsError(f"{file}: key `dataset.paths[{index}]`: not a file: {path}")
+        if path in settings.dataset.paths[:index]:
+            first = settings.dataset.paths.index(path)
+            raise SettingsError(
+                f"{file}: key `dataset.paths[{index}]`: {path} is already listed as dataset.paths[{first}]; "
+                "list each file once (every record of the second copy would be rejected as a duplicate)"
+            )
     k8s = settings.operations.k8s_run_config
     if k8s is not None and not k8s.is_file():
         raise SettingsError(f"{file}: key `operations.k8s_run_config`: file not found: {k8s}")
@@ -305,6 +356,12 @@ def _check_files(file: Path, settings: Settings) -> None:
     if not any((model_path / name).is_file() for name in WEIGHT_FILES):
         raise SettingsError(
             f"{file}: key `model.path`: {model_path} holds no weights (expected one of {', '.join(WEIGHT_FILES)})"
+        )
+    missing = missing_weight_files(model_path)
+    if missing:
+        raise SettingsError(
+            f"{file}: key `model.path`: {model_path} lacks weight files its index names: {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}; finish downloading the model"
         )
 
 

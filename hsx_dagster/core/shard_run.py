@@ -22,7 +22,9 @@ from hsx_dagster.core.backbone import BackboneInfo, check_model_dir, load_backbo
 from hsx_dagster.core.devices import DEFAULT_LOCK_DIR, candidate_devices, claim_device
 from hsx_dagster.core.extract import ExtractionReport, ExtractOptions, extract_shard
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, ShardStore, shard_totals
+from hsx_dagster.core.quantization import FP8_DTYPE, scale_layout
+from hsx_dagster.core.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
+from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, STORAGE_DTYPES, ShardStore, read_quarantine, shard_totals
 from hsx_dagster.core.tokenization import read_tokenized_shard
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class ShardJob:
     devices: tuple[str, ...] = ("auto",)
     compute_dtype: str = "auto"
     storage_dtype: str = "bfloat16"
+    nan_policy: str = "fail"
     attn_implementation: str = "sdpa"
     batch_size: int = 32
     max_batch_tokens: int = 32768
@@ -48,15 +51,17 @@ class ShardJob:
     trust_remote_code: bool = False
     device_wait_s: float = 600.0
     device_lock_dir: Path = DEFAULT_LOCK_DIR
+    on_mismatch: str = "refuse"  # the folder was made differently: refuse, or start_over (delete and redo)
     owner: str = "hsx"  # who holds the device, for the message another run sees (e.g. the Dagster run id)
 
 
 @dataclass
 class ShardResult:
     report: ExtractionReport
-    backbone: BackboneInfo
+    backbone: BackboneInfo | None  # None when every sample was already done and no model was loaded
     compute_dtype: str
     totals: dict  # over every committed chunk of the shard, this run's and earlier ones
+    quarantined: int  # samples of the shard set aside with a reason, by this run and earlier ones
 
 
 def visible_gpus() -> int:
@@ -105,8 +110,12 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
         "compute_dtype": str(compute_dtype).removeprefix("torch."),
         "tokenized_sha256": tokenized_digest(table),
     }
-    with ShardStore(job.output_dir, provenance) as store:
+    with ShardStore(job.output_dir, provenance, on_mismatch=job.on_mismatch, report=report) as store:
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
+        _check_disk_space(job, table, store.done_sample_ids)
+        if np.isin(table.column("sample_id").to_numpy(), list(store.done_sample_ids)).all():
+            report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
+            return _finish(job, table, store, provenance, ExtractionReport.nothing_to_do(job.shard, table.num_rows, device), None)
         report(f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
                f"{job.storage_dtype} storage), layers {list(job.layer_ids)}")
         backbone = load_backbone(
@@ -127,22 +136,45 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
             "storage_dtype": job.storage_dtype,
             "hsx_version": __version__,
         }
+        if STORAGE_DTYPES[job.storage_dtype] == FP8_DTYPE:
+            metadata["quantization"] = json.dumps(scale_layout(backbone.info.hidden_size))
         options = ExtractOptions(
             batch_size=job.batch_size,
             max_batch_tokens=job.max_batch_tokens,
             storage_dtype=job.storage_dtype,
             chunk_bytes=job.chunk_bytes,
             pad_token_id=_pad_token_id(backbone),
+            nan_policy=job.nan_policy,
         )
         try:
             result = extract_shard(job.shard, table, backbone, store, options, metadata, progress=report)
         finally:
             backbone.close()
-        totals = shard_totals(job.output_dir)
-        if totals["samples"] != table.num_rows:
-            raise RuntimeError(f"{job.shard}: {totals['samples']} samples committed, expected {table.num_rows}")
-        store.mark_complete({**totals, "provenance": provenance, "last_run": result.to_dict()})
-    return ShardResult(result, backbone.info, provenance["compute_dtype"], totals)
+        return _finish(job, table, store, provenance, result, backbone.info)
+
+
+def _finish(job: ShardJob, table: pa.Table, store: ShardStore, provenance: dict, result: ExtractionReport, info) -> ShardResult:
+    totals = shard_totals(job.output_dir)
+    quarantined = len(read_quarantine(job.output_dir))
+    if totals["samples"] + quarantined != table.num_rows:
+        raise RuntimeError(
+            f"{job.shard}: {totals['samples']} samples committed and {quarantined} quarantined, expected {table.num_rows}"
+        )
+    store.mark_complete({**totals, "quarantined": quarantined, "provenance": provenance, "last_run": result.to_dict()})
+    return ShardResult(result, info, provenance["compute_dtype"], totals, quarantined)
+
+
+def _check_disk_space(job: ShardJob, table: pa.Table, done: set[int]) -> None:
+    """Before the model loads: the samples still to extract must fit on the output disk."""
+    todo = ~np.isin(table.column("sample_id").to_numpy(), np.fromiter(done, dtype=np.int64, count=len(done)))
+    tokens = int(table.column("num_tokens").to_numpy()[todo].sum())
+    shape = StoredShape.of_model(job.model_path, job.layer_ids, job.include_final)
+    needed = estimate_bytes(tokens, int(todo.sum()), shape, job.storage_dtype, job.chunk_bytes)
+    alternative = ""
+    if STORAGE_DTYPES[job.storage_dtype].itemsize > 1:
+        fp8 = estimate_bytes(tokens, int(todo.sum()), shape, "float8_e4m3", job.chunk_bytes)
+        alternative = f", or store float8_e4m3 (extraction.storage_dtype; about {format_bytes(fp8)})"
+    check_free_disk(job.output_dir, needed, alternative)
 
 
 def _pad_token_id(backbone) -> int:

@@ -10,7 +10,8 @@ Layout under ``<output_dir>/tokenized/``::
 Two streaming passes keep memory flat in the size of the inputs: the first tokenises into a staging
 file and keeps only (sample_id, num_tokens) per sample; shards are then balanced by tokens; the
 second pass copies rows into their shard's file. The new directory replaces the old one by rename,
-so a crash never leaves a half-written tokenized dataset in place.
+so a crash never leaves a half-written tokenized dataset in place; a folder that is not a tokenized
+dataset is never replaced.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from hsx_dagster.core.chat_template import (
     tokenize_rendered,
 )
 from hsx_dagster.core.conversations import Conversation, Reject, RejectReason, check_input_file, iter_records
-from hsx_dagster.core.settings import shard_keys
+from hsx_dagster.core.settings import check_shard_key, shard_keys
 from hsx_dagster.core.sharding import assign_shards, imbalance, shard_loads
 
 FORMAT_VERSION = 1
@@ -72,6 +73,10 @@ REJECT_SCHEMA = pa.schema(
 )
 
 log = logging.getLogger(__name__)
+
+
+class TokenizedDataError(RuntimeError):
+    """The tokenized dataset on disk is missing or is not what is asked for; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,15 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool = False):
     """The target's tokenizer; it must be a fast one, since masks are built from its offsets."""
     from transformers import AutoTokenizer  # heavy import, kept off module import
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if "trust_remote_code" in str(exc):
+            advice = f"set model.trust_remote_code: true if you trust the code in {model_path}"
+        else:
+            advice = "the model directory needs the model's tokenizer files (tokenizer.json, tokenizer_config.json)"
+        raise TemplateError(f"{model_path}: cannot load the tokenizer ({first_line}); {advice}") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise TemplateError(f"{model_path}: the tokenizer is not a fast tokenizer (no tokenizer.json); offsets are needed")
     return tokenizer
@@ -135,6 +148,7 @@ def tokenize_dataset(
     started = time.perf_counter()
     report = progress or log.info
     formats = {str(path): check_input_file(Path(path)) for path in paths}  # fail before loading anything
+    _check_replaceable(Path(out_dir))
     tokenizer = load_tokenizer(model_path, options.trust_remote_code)
     markers = TemplateMarkers.probe(tokenizer, name=f"tokenizer at {model_path}")
 
@@ -338,8 +352,27 @@ def length_histogram(num_tokens: np.ndarray) -> list[dict]:
 
 
 def read_tokenized_shard(tokenized_dir: Path, shard: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """One shard's samples, in input order."""
-    return pq.read_table(Path(tokenized_dir) / "samples" / f"{shard}.parquet", columns=list(columns) if columns else None)
+    """One shard's samples, in input order; a shard the tokenized dataset lacks is named with what to do."""
+    path = Path(tokenized_dir) / "samples" / f"{check_shard_key(shard)}.parquet"
+    if not path.is_file():
+        made = tokenized_shard_keys(tokenized_dir)
+        if not made:
+            raise TokenizedDataError(f"{path} not found: {tokenized_dir} holds no tokenized dataset; materialize tokenized_dataset first")
+        raise TokenizedDataError(
+            f"{path} not found: the tokenized dataset was made with {len(made)} shards ({made[0]} .. {made[-1]}), "
+            f"and {shard} is not one of them. The setting `shards` changed since: materialize tokenized_dataset "
+            "again (hidden_states shards made from the old tokenization are then refused unless "
+            "extraction.on_mismatch is start_over)"
+        )
+    return pq.read_table(path, columns=list(columns) if columns else None)
+
+
+def tokenized_shard_keys(tokenized_dir: Path) -> list[str]:
+    """The shards the tokenized dataset was made with (from summary.json); [] when there is none."""
+    try:
+        return [entry["shard"] for entry in TokenizedSummary.read(Path(tokenized_dir)).shards]
+    except FileNotFoundError:
+        return []
 
 
 def read_rejects(tokenized_dir: Path) -> pa.Table:
@@ -364,6 +397,15 @@ def _batched(items, size):
 
 def _reject(item: Conversation, reason: str, detail: str) -> Reject:
     return Reject(item.source, item.source_index, item.location, reason, detail)
+
+
+def _check_replaceable(target: Path) -> None:
+    """Only a tokenized dataset (or nothing) may be replaced: never delete a folder this code did not write."""
+    if target.is_dir() and any(target.iterdir()) and not (target / "summary.json").is_file():
+        raise TokenizedDataError(
+            f"{target} exists and is not a tokenized dataset (no summary.json); refusing to replace it. "
+            "Point output_dir at another folder, or move this one away"
+        )
 
 
 def _replace_dir(new: Path, target: Path) -> None:

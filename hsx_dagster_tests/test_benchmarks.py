@@ -1,0 +1,77 @@
+"""The benchmarks run and report sane figures: the GPU script's smoke path (CPU, tiny configs, no
+dagster) and a tiny CPU benchmark. Speed targets are measured by `make bench`, never asserted here."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONTESTANTS = ("naive", "bare", "pipeline")
+
+GPU_SMOKE = """
+import runpy, sys
+sys.argv = ["benchmarks/gpu.py", "--smoke", "--results", sys.argv[1]]
+try:
+    runpy.run_path("benchmarks/gpu.py", run_name="__main__")
+except SystemExit as done:
+    assert not done.code, done.code
+assert "dagster" not in sys.modules, "benchmarks/gpu.py imported dagster"
+"""
+
+
+def test_gpu_benchmark_smoke_runs_on_cpu_without_dagster(tmp_path):
+    subprocess.run([sys.executable, "-c", GPU_SMOKE, str(tmp_path)], cwd=REPO, check=True, capture_output=True, text=True, timeout=180)
+    (path,) = tmp_path.glob("*-gpu-smoke.json")
+    results = json.loads(path.read_text())
+    assert results["smoke"] and results["ceiling"]["tflops"] > 0
+    assert set(results["models"]) == {"qwen3-8b-like", "qwen3.6-27b-like"}
+    for name, model in results["models"].items():
+        for contestant in CONTESTANTS:
+            figures = model["contestants"][contestant]
+            assert figures["samples_per_s"] > 0 and figures["tokens_per_s"] > 0
+            assert 0 < figures["mfu"] and 0 < figures["parameters_used"] < model["parameters"]
+        assert model["pipeline_over_naive"] > 0 and model["pipeline_over_bare"] > 0
+        assert model["contestants"]["pipeline"]["bytes_on_disk"] > 0 and model["contestants"]["naive"]["bytes_on_disk"] > 0
+        # bare and pipeline run the truncated backbone, the naive design every layer and the LM head
+        assert model["contestants"]["bare"]["parameters_used"] < model["contestants"]["naive"]["parameters_used"]
+    assert results["models"]["qwen3-8b-like"]["linear_attention"] is None
+    assert "PyTorch" in results["models"]["qwen3.6-27b-like"]["linear_attention"] or "flash" in results["models"]["qwen3.6-27b-like"]["linear_attention"]
+    assert "| qwen3.6-27b-like | pipeline |" in path.with_suffix(".md").read_text()
+
+
+def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
+    command = [
+        sys.executable, "-m", "benchmarks.cpu", "--samples", "8", "--rounds", "1", "--models", "qwen3.6-shaped",
+        "--storage-models", "demo", "--memory-samples", "8", "--memory-factor", "2", "--tokenize-repeats", "1",
+        "--out", str(tmp_path), "--date", "test",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "test-cpu.json").read_text())
+    markdown = (tmp_path / "test-cpu.md").read_text()
+    assert markdown in done.stdout  # the table is printed too
+
+    throughput = results["throughput"]["qwen3.6-shaped"]
+    for contestant in CONTESTANTS:
+        assert throughput["contestants"][contestant]["samples_per_s"] > 0
+    assert throughput["pipeline_over_naive"]["median"] > 0 and throughput["pipeline_over_bare"]["median"] > 0
+    pipeline = throughput["contestants"]["pipeline"]
+    # Flat, unpadded chunks: the states plus 5 bytes of ids and mask per token, and a little metadata.
+    assert 1.0 < pipeline["bytes_over_payload"] < 1.0 + 5 / throughput["payload_bytes_per_token"] + 0.01
+    assert 0.9 < pipeline["padding_efficiency"] <= 1.0
+    assert results["models"]["qwen3.6-shaped"]["vocab_size"] == 248_320
+    assert results["models"]["qwen3.6-shaped"]["layer_kinds"] == {"full_attention": 2, "linear_attention": 6}
+
+    storage = results["storage"]["demo"]["dtypes"]
+    assert {"bfloat16", "float16", "float32"} <= set(storage)
+    assert storage["float32"]["relative_error"]["p99"] == 0.0  # the reference itself
+    assert 0 < storage["bfloat16"]["relative_error"]["median"] < 0.01
+    assert storage["float16"]["relative_error"]["median"] < storage["bfloat16"]["relative_error"]["median"]
+    assert 1.9 < storage["float32"]["over_bfloat16_bytes"] < 2.0
+
+    memory = results["memory"]
+    assert memory["runs"]["2x"]["tokens"] == 2 * memory["runs"]["1x"]["tokens"]
+    assert memory["peak_ratio"] > 0
+    assert results["tokenization"]["conversations_per_s"] > 0
+    assert {row["target"].split(" ")[0] for row in results["targets"]} >= {"pipeline", "padding", "bytes", "peak"}

@@ -1,0 +1,253 @@
+"""Existing output under changed settings, and damaged output.
+
+- A shard folder made with another model, layers or storage dtype is refused, with how to start over
+  (`extraction.on_mismatch: start_over`), unless the user asks for it: then the old chunks are
+  deleted (logged with their sample count) and the shard is redone. Also through Dagster run config.
+- The shard count changed under an existing output: a shard the tokenized dataset lacks, shards
+  made from an earlier tokenization (stale) and leftover shard folders are each named with what to do.
+- A damaged chunk (truncated, missing, replaced, bad header) is named by the integrity check and by
+  the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, instance_for_test, materialize
+
+from hsx_dagster import DrafterDataset
+from hsx_dagster.core.checks import check_coverage, check_integrity
+from hsx_dagster.core.drafter import AssemblyError, assemble
+from hsx_dagster.core.reader import DatasetError
+from hsx_dagster.core.shard_run import ShardJob, run_shard
+from hsx_dagster.core.store import INDEX_FILE, StoreError, read_index
+from hsx_dagster.core.tokenization import TokenizedDataError, TokenizeOptions, tokenize_dataset
+
+LAYERS = (1, 3)
+
+
+def job(root: Path, shard: str, model: Path, **overrides) -> ShardJob:
+    settings = dict(
+        shard=shard, shard_index=int(shard[-2:]), tokenized_dir=root / "tokenized", output_dir=root / "hidden_states" / shard,
+        model_path=model, layer_ids=LAYERS, devices=("cpu",), storage_dtype="bfloat16", batch_size=8,
+        max_batch_tokens=4096, chunk_bytes=40_000,
+    )
+    settings.update(overrides)
+    return ShardJob(**settings)
+
+
+def tokenize(root: Path, inputs: Path, model: Path, shards: int) -> None:
+    tokenize_dataset([inputs], model, root / "tokenized", TokenizeOptions(shards=shards, max_length=64))
+
+
+@pytest.fixture(scope="module")
+def few_inputs(small_inputs, tmp_path_factory) -> Path:
+    """The 8 shortest of the small inputs: enough for 3 shards, quick to extract."""
+    path = tmp_path_factory.mktemp("few") / "few.jsonl"
+    path.write_text("".join(line + "\n" for line in small_inputs.read_text().splitlines()[:8]))
+    return path
+
+
+def shard_keys(count: int) -> list[str]:
+    return [f"shard-{k:02d}" for k in range(count)]
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_shard(few_inputs, demo_model_dir, tmp_path):
+    root = tmp_path
+    tokenize(root, few_inputs, demo_model_dir, shards=1)
+    first = run_shard(job(root, "shard-00", demo_model_dir))
+    folder = root / "hidden_states" / "shard-00"
+    before = files_of(folder)
+
+    other_model = tmp_path / "other-model"  # the same weights under another config: another model
+    other_model.mkdir()
+    for source in demo_model_dir.iterdir():
+        (other_model / source.name).symlink_to(source)
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    (other_model / "config.json").unlink()
+    (other_model / "config.json").write_text(json.dumps({**config, "rope_theta": 1234.0}))
+
+    refusals = [
+        (dict(storage_dtype="float32"), r"storage_dtype: 'bfloat16' -> 'float32' \(extraction.storage_dtype\)"),
+        (dict(model_path=other_model), r"config_sha256: .* \(the model's config.json changed\)"),
+        (dict(layer_ids=(1, 2)), r"layer_ids: \[1, 3\] -> \[1, 2\] \(model.layers\)"),
+    ]
+    for change, what in refusals:
+        with pytest.raises(StoreError, match=what) as refused:
+            run_shard(job(root, "shard-00", demo_model_dir, **change))
+        message = str(refused.value)
+        assert str(folder) in message and "Refusing to mix them" in message
+        assert "set extraction.on_mismatch: start_over" in message and "resources.gpu.config.on_mismatch" in message
+        assert files_of(folder) == before  # nothing was touched
+
+    (folder / "notes.txt").write_text("the user's own file")  # start_over deletes only what the shard wrote
+    logged: list[str] = []
+    redone = run_shard(job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"), progress=logged.append)
+    chunks = len(first.totals["chunks"])
+    assert any(
+        f"deleted {chunks} chunks holding {first.totals['samples']} samples" in line and "storage_dtype" in line for line in logged
+    ), logged
+    assert redone.report.samples_skipped == 0 and redone.totals["samples"] == first.totals["samples"]
+    assert json.loads((folder / "shard.json").read_text())["storage_dtype"] == "float32"
+    assert (folder / "notes.txt").read_text() == "the user's own file"
+    assert redone.totals["bytes"] > first.totals["bytes"]  # every chunk is float32 now: none of the old ones is left
+    # start_over only acts on a mismatch: the same settings again resume (nothing to do).
+    again = run_shard(job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"))
+    assert again.report.samples == 0 and again.report.samples_skipped == first.totals["samples"]
+
+
+def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, tmp_path):
+    root = tmp_path
+    tokenize(root, few_inputs, demo_model_dir, shards=2)
+    for shard in shard_keys(2):
+        run_shard(job(root, shard, demo_model_dir))
+    assemble(root / "tokenized", root / "hidden_states", shard_keys(2), root / "drafter", val_fraction=0.1, settings={})
+
+    # `shards: 3` in the settings, tokenized_dataset not materialized again.
+    with pytest.raises(AssemblyError, match=r"tokenized dataset in .* has 2 shards, the settings 3 \(key `shards`\)"):
+        assemble(root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={})
+    with pytest.raises(TokenizedDataError, match=r"shard-02.parquet not found: the tokenized dataset was made with 2 shards \(shard-00 .. shard-01\).*materialize tokenized_dataset again"):
+        run_shard(job(root, "shard-02", demo_model_dir))
+    assert not (root / "hidden_states" / "shard-02").exists()  # refused before anything was written
+
+    # Now re-tokenized into 3 shards: the old shards were made from other samples.
+    tokenize(root, few_inputs, demo_model_dir, shards=3)
+    with pytest.raises(StoreError, match=r"tokenized_sha256: .*re-tokenized with other inputs, dataset settings or shard count.*on_mismatch: start_over"):
+        run_shard(job(root, "shard-00", demo_model_dir))
+    with pytest.raises(AssemblyError, match=r"shard-00 \(stale\), shard-01 \(stale\), shard-02 \(missing\).*on_mismatch: start_over"):
+        assemble(root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={})
+
+    for shard in shard_keys(3):
+        run_shard(job(root, shard, demo_model_dir, on_mismatch="start_over"))
+    (root / "hidden_states" / "shard-07").mkdir()  # a leftover of some earlier, larger shard count
+    summary = assemble(root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={})
+    assert summary.ignored_folders == ["shard-07"]
+    coverage = check_coverage(root / "drafter", root / "tokenized")
+    assert coverage.passed, coverage.description  # every sample of the new tokenization, exactly once
+
+
+def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_path):
+    from hsx_dagster.assets.hidden_states import build_hidden_states
+    from hsx_dagster.assets.tokenized import tokenized_dataset
+    from hsx_dagster.core.settings import load_settings
+    from hsx_dagster.partitions import shard_partitions
+    from hsx_dagster.resources import GpuResource, HsxSettings
+
+    settings_file = tmp_path / "hsx.yaml"
+    settings_file.write_text(
+        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, 3]\n"
+        "shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  chunk_mb: 0.05\n"
+    )
+    settings = load_settings(settings_file)
+    hidden_states = build_hidden_states(shard_partitions(settings))
+    resources = {"settings": HsxSettings(path=str(settings_file)), "gpu": GpuResource.from_settings(settings)}
+
+    def extract(gpu_config: dict):
+        return materialize(
+            [hidden_states], resources=resources, partition_key="shard-01", instance=instance, raise_on_error=False,
+            run_config={"resources": {"gpu": {"config": gpu_config}}} if gpu_config else None,
+        )
+
+    with instance_for_test() as instance:
+        assert materialize([tokenized_dataset, hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
+        refused = extract({"storage_dtype": "float32"})
+        assert not refused.success
+        error = refused.get_step_failure_events()[0].event_specific_data.error.to_string()
+        assert "Refusing to mix them" in error and "extraction.on_mismatch: start_over" in error
+        redone = extract({"storage_dtype": "float32", "on_mismatch": "start_over"})
+        assert redone.success
+        metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
+        assert metadata["storage_dtype"].value == "float32" and metadata["samples_resumed"].value == 0
+        logs = [event.message for event in instance.all_logs(redone.run_id)]
+        assert any("extraction.on_mismatch is start_over: deleted" in message for message in logs)
+
+
+@pytest.fixture(scope="module")
+def assembled(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("assembled")
+    tokenize(root, small_inputs, demo_model_dir, shards=1)
+    run_shard(job(root, "shard-00", demo_model_dir))
+    assemble(root / "tokenized", root / "hidden_states", ["shard-00"], root / "drafter", val_fraction=0.1, settings={})
+    assert len(read_index(root / "hidden_states" / "shard-00")) >= 3
+    return root
+
+
+def _truncate_data(path: Path, chunks: list[Path]) -> None:
+    path.write_bytes(path.read_bytes()[:-100])  # the header is intact, the last tensor is cut short
+
+
+def _remove(path: Path, chunks: list[Path]) -> None:
+    path.unlink()
+
+
+def _replace_with_another_chunk(path: Path, chunks: list[Path]) -> None:
+    path.write_bytes(chunks[1].read_bytes())  # a whole, valid chunk, but not this one
+
+
+def _garble_header(path: Path, chunks: list[Path]) -> None:
+    data = bytearray(path.read_bytes())
+    data[8:16] = b"\x00garble\x00"
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = [
+    (_truncate_data, "checksum differs", "not a readable safetensors chunk"),
+    (_remove, "missing", "chunk file is missing"),
+    (_replace_with_another_chunk, "checksum differs", "does not hold sample"),
+    (_garble_header, "checksum differs", "not a readable safetensors chunk"),
+]
+
+
+@pytest.mark.parametrize("damage, check_says, reader_says", DAMAGE, ids=[d[0].__name__.strip("_") for d in DAMAGE])
+def test_damaged_chunk_is_named_by_the_integrity_check_and_the_reader(damage, check_says, reader_says, assembled, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(assembled, root)
+    folder = root / "hidden_states" / "shard-00"
+    chunks = [folder / record.chunk for record in read_index(folder)]
+    damaged = chunks[0]
+    damage(damaged, chunks)
+
+    outcome = check_integrity(root / "drafter")
+    assert not outcome.passed and f"{damaged}: {check_says}" in outcome.description, outcome.description
+
+    dataset = DrafterDataset(root / "drafter")
+    first_record_ids = set(read_index(folder)[0].sample_ids)
+    index = next(i for i, sample_id in enumerate(dataset.sample_ids) if sample_id in first_record_ids)
+    with pytest.raises(DatasetError, match=reader_says) as failure:
+        dataset[index]
+    assert str(damaged) in str(failure.value)
+    # Samples of undamaged chunks still read.
+    healthy = next(i for i, sample_id in enumerate(dataset.sample_ids) if sample_id not in first_record_ids)
+    assert dataset[healthy]["hidden_states"].shape[1] == len(LAYERS)
+
+
+def test_index_line_garbled_is_named_with_its_line(assembled, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(assembled, root)
+    index = root / "hidden_states" / "shard-00" / INDEX_FILE
+    lines = index.read_text().splitlines(keepends=True)
+    index.write_text(lines[0] + "{not json\n" + "".join(lines[2:]))
+    with pytest.raises(StoreError, match=f"{index}: line 2 is not JSON"):
+        read_index(index.parent)
+
+
+def test_reader_refuses_chunk_paths_that_leave_the_dataset(assembled, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "copy"
+    shutil.copytree(assembled, root)
+    index_file = root / "drafter" / "index.parquet"
+    table = pq.read_table(index_file)
+    chunks = table.column("chunk").to_pylist()
+    chunks[0] = "../../../../etc/passwd"
+    pq.write_table(table.set_column(table.schema.get_field_index("chunk"), "chunk", pa.array(chunks)), index_file)
+    with pytest.raises(DatasetError, match=f"{index_file}: chunk path '../../../../etc/passwd' leaves the dataset"):
+        DrafterDataset(root / "drafter")[0]
