@@ -41,7 +41,7 @@ demo: data instance
 	@$(BIN)/python -m hsx_dagster.report
 
 test: data
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: data
 	$(BIN)/python -m benchmarks.cpu
