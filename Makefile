@@ -46,7 +46,8 @@ test: data
 bench: data
 	$(BIN)/python -m benchmarks.cpu
 
-# Needs only torch, transformers, safetensors, pyarrow and numpy: runs with a GPU box's own Python too.
+# Needs the core's dependencies (torch, transformers, safetensors, pyarrow, pydantic-settings, ...), not dagster:
+# runs with a GPU box's own Python when there is no .venv.
 bench-gpu:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/gpu.py
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import torch
 import transformers
 
-from benchmarks.contestants import run_bare, run_naive, run_pipeline
+from benchmarks.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline
 from benchmarks.measure import Run, median, mib, timed, tree_bytes
 from benchmarks.memory import measure_memory
 from benchmarks.models import DEMO, LAYERS, MODEL_NAMES, REPO, SPECS, build_model, describe, pick_samples
@@ -41,6 +41,7 @@ from hsx_dagster.core.batching import padding_efficiency, plan_batches
 from hsx_dagster.core.extract import ExtractOptions
 from hsx_dagster.core.tokenization import read_tokenized_shard
 
+ID_MASK_BYTES = 5  # per token: input id (int32) and loss mask (uint8), stored with the states
 HEADLINE = "qwen3.6-shaped"  # the model the pipeline / naive target is about, and the memory runs use
 TARGETS = {"pipeline_over_bare": 0.95, "pipeline_over_naive": 20.0, "padding_efficiency": 0.97, "bytes_over_payload": 1.01, "memory_growth": 1.10}
 
@@ -77,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden-size", type=int, default=64, help="hidden size of the Qwen3.6-shaped and dense models")
     parser.add_argument("--batch-size", type=int, default=16, help="rows per forward (the CPU sweet spot; GPUs want more)")
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
-    parser.add_argument("--chunk-mb", type=float, default=4.0, help="chunk size: small enough that every run writes several")
-    parser.add_argument("--memory-samples", type=int, default=96, help="samples of the 1x memory run")
+    parser.add_argument("--chunk-mb", type=float, default=2.0, help="chunk size: small enough that every run writes several")
+    parser.add_argument("--memory-samples", type=int, default=64, help="samples of the 1x memory run")
     parser.add_argument("--memory-factor", type=int, default=10)
     parser.add_argument("--tokenize-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -109,36 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         names = list(dict.fromkeys([*args.models, *args.storage_models]))
         print(f"building and loading models: {', '.join(names)} ...", file=sys.stderr)
         loaded = {name: _load(name, work, args.hidden_size, naive=name in args.models) for name in names}
-        jobs = [Job(name, contestant) for name in args.models for contestant in ("naive", "bare", "pipeline")]
+        jobs = [Job(name, contestant) for name in args.models for contestant in CONTESTANTS]
         jobs += [Job(name, "pipeline", dtype) for name in args.storage_models for dtype in storage_dtypes()]
         jobs = list({job.key: job for job in jobs}.values())
 
-        print(f"warming up {len(jobs)} runs ...", file=sys.stderr)
-        for job in jobs:
-            _execute(job, loaded[job.model], samples.slice(0, 4), options, work / "warm-up")
-            shutil.rmtree(work / "warm-up", ignore_errors=True)
-        kept: dict[str, Path] = {}
-        for round_number in range(args.rounds):
-            shift = round_number * len(jobs) // args.rounds
-            order = jobs[shift:] + jobs[:shift]
-            for position, job in enumerate(order):
-                out = work / "runs" / f"{job.key.replace('/', '-')}-{round_number}"
-                while True:
-                    shutil.rmtree(out, ignore_errors=True)
-                    run = timed(lambda: _execute(job, loaded[job.model], samples, options, out))
-                    noisy = run.others_cores is not None and run.others_cores > args.quiet_cores
-                    rest = (order[position + 1 :], args.rounds - round_number - 1)
-                    if not noisy or job.repeats >= args.max_repeats or not _affordable(run.seconds, jobs, *rest, started, args):
-                        break
-                    job.repeats += 1  # other processes took the cores meanwhile: measure again
-                job.runs.append(run)
-                job.bytes_on_disk.append(tree_bytes(out) if out.exists() else 0)
-                if round_number == 0 and job.contestant == "pipeline":
-                    kept[job.key] = out  # for the reconstruction errors
-                else:
-                    shutil.rmtree(out, ignore_errors=True)
-            print(f"round {round_number + 1}/{args.rounds} done, {time.perf_counter() - started:.0f} s", file=sys.stderr)
-
+        kept = _measure(jobs, loaded, samples, options, work, args, started)
         storage = _storage(jobs, kept, loaded, samples, args.storage_models)
         print("memory scaling (child processes) ...", file=sys.stderr)
         memory = measure_memory(loaded[HEADLINE].directory if HEADLINE in loaded else loaded[names[0]].directory,
@@ -196,6 +172,38 @@ def _load(name: str, work: Path, hidden_size: int, naive: bool) -> Loaded:
     return Loaded(directory, facts, backbone.model, backbone.info, causal_lm)
 
 
+def _measure(jobs: list[Job], loaded: dict[str, Loaded], samples: pa.Table, options: ExtractOptions, work: Path, args, started: float) -> dict[str, Path]:
+    """Every job once per round, interleaved, in an order rotated from round to round. A run that other
+    processes disturbed is measured again while the budget allows. Returns the first round's pipeline
+    outputs (for the reconstruction errors)."""
+    print(f"warming up {len(jobs)} runs ...", file=sys.stderr)
+    for job in jobs:
+        _execute(job, loaded[job.model], samples.slice(0, 4), options, work / "warm-up")
+        shutil.rmtree(work / "warm-up", ignore_errors=True)
+    kept: dict[str, Path] = {}
+    for round_number in range(args.rounds):
+        shift = round_number * len(jobs) // args.rounds
+        order = jobs[shift:] + jobs[:shift]
+        for position, job in enumerate(order):
+            out = work / "runs" / f"{job.key.replace('/', '-')}-{round_number}"
+            while True:
+                shutil.rmtree(out, ignore_errors=True)
+                run = timed(lambda: _execute(job, loaded[job.model], samples, options, out))
+                noisy = run.others_cores is not None and run.others_cores > args.quiet_cores
+                rest = (order[position + 1 :], args.rounds - round_number - 1)
+                if not noisy or job.repeats >= args.max_repeats or not _affordable(run.seconds, jobs, *rest, started, args):
+                    break
+                job.repeats += 1
+            job.runs.append(run)
+            job.bytes_on_disk.append(tree_bytes(out) if out.exists() else 0)
+            if round_number == 0 and job.contestant == "pipeline":
+                kept[job.key] = out
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+        print(f"round {round_number + 1}/{args.rounds} done, {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return kept
+
+
 def _affordable(seconds: float, jobs: list[Job], left_in_round: list[Job], rounds_left: int, started: float, args) -> bool:
     """Whether one more run of ``seconds`` still lets everything planned end within the budget."""
     latest = {job.key: job.runs[-1].seconds for job in jobs if job.runs}
@@ -236,7 +244,7 @@ def _throughput(jobs: list[Job], name: str, samples: pa.Table, facts: dict) -> d
     tokens = int(np.sum(samples.column("num_tokens").to_numpy()))
     payload = payload_bytes(tokens, len(facts["layer_ids"]), facts["hidden_size"], BASELINE)
     figures = {}
-    for contestant in ("naive", "bare", "pipeline"):
+    for contestant in CONTESTANTS:
         job = _find(jobs, name, contestant)
         seconds = median([r.seconds for r in job.runs])
         growth = [r.peak_rss_growth_bytes for r in job.runs if r.peak_rss_growth_bytes is not None]
@@ -253,7 +261,13 @@ def _throughput(jobs: list[Job], name: str, samples: pa.Table, facts: dict) -> d
         }
         if contestant != "bare":
             written = median(job.bytes_on_disk)
-            entry |= {"bytes_on_disk": int(written), "bytes_per_token": round(written / tokens, 2), "bytes_over_payload": round(written / payload, 4)}
+            entry |= {
+                "bytes_on_disk": int(written),
+                "bytes_per_token": round(written / tokens, 2),
+                "bytes_over_payload": round(written / payload, 4),
+                # what is left once the 5 bytes per token of ids (int32) and loss mask (uint8) are counted
+                "bytes_over_payload_ids_mask": round(written / (payload + ID_MASK_BYTES * tokens), 4),
+            }
         if contestant == "pipeline":
             report = job.runs[0].result
             entry |= {"padding_efficiency": report["padding_efficiency"], "forward_share": report["forward_share"], "chunks": len(report["chunks"])}
@@ -361,7 +375,7 @@ def render(results: dict) -> str:
         f"# CPU benchmark, {results['date']}",
         "",
         f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, transformers {m['transformers']}. "
-        f"{s['count']} demo samples ({s['tokens']:,} tokens, mean {s['mean_tokens']}), "
+        f"{s['count']} demo samples in whole batches ({s['tokens']:,} tokens, mean {s['mean_tokens']}), "
         f"{results['settings']['rounds']} interleaved rounds, medians; layers {LAYERS}, float32 compute, "
         f"batches of <= {results['settings']['batch_size']} rows / {results['settings']['max_batch_tokens']:,} tokens. "
         f"Load average {m['load_average_start'][0]} at the start, {m['load_average_end'][0]} at the end; "
@@ -379,9 +393,10 @@ def render(results: dict) -> str:
                 name, contestant, f["samples_per_s"], f["tokens_per_s"],
                 figures["pipeline_over_naive"]["median"] if contestant == "pipeline" else None,
                 figures["pipeline_over_bare"]["median"] if contestant == "pipeline" else None,
-                f.get("padding_efficiency"), f.get("bytes_per_token"), f.get("bytes_over_payload"), f["peak_rss_growth_mib"],
+                f.get("padding_efficiency"), f.get("bytes_per_token"), f.get("bytes_over_payload"), f["peak_rss_growth_mib"], f["cpu_busy"],
             ])  # fmt: skip
-    out += [table(["model", "contestant", "samples/s", "tokens/s", "c/a (x naive)", "c/b (x bare)", "padding eff.", "bytes/token", "x payload", "peak RSS +MiB"], rows, 3), ""]
+    headers = ["model", "contestant", "samples/s", "tokens/s", "c/a (x naive)", "c/b (x bare)", "padding eff.", "bytes/token", "x payload", "peak RSS +MiB", "cores busy"]
+    out += [table(headers, rows, [0, 0, 2, 0, 2, 3, 3, 1, 4, 0, 2]), ""]
     out += [
         f"Padding efficiency of the whole demo set ({s['demo_set_samples']:,} samples, mean {s['demo_set_mean_tokens']} tokens) "
         f"with the same batches: {s['demo_set_padding_efficiency']}.",
@@ -394,7 +409,8 @@ def render(results: dict) -> str:
         for dtype, f in entry["dtypes"].items():
             e = f["relative_error"]
             rows.append([name, dtype, f["bytes_per_token"], f["over_bfloat16_bytes"], f["over_payload"], e["median"], e["p99"], f["throughput_over_bfloat16"]["median"]])
-    out += [table(["model", "storage dtype", "bytes/token", "x bfloat16", "x payload", "rel. error median", "rel. error p99", "throughput x bfloat16"], rows, 4), ""]
+    headers = ["model", "storage dtype", "bytes/token", "x bfloat16", "x payload", "rel. error median", "rel. error p99", "throughput x bfloat16"]
+    out += [table(headers, rows, [0, 0, 1, 3, 4, 4, 4, 2]), ""]
     mem = results["memory"]
     out += ["## Memory scaling (pipeline, Qwen3.6-shaped, child processes)", ""]
     rows = [
@@ -402,7 +418,8 @@ def render(results: dict) -> str:
         for run, r in mem["runs"].items()
     ]
     out += [table(["run", "samples", "tokens", "chunks", "extraction peak RSS MiB", "process peak RSS MiB", "RSS after load MiB", "seconds"], rows, 1), ""]
-    out += [f"Peak RSS {mem['factor']}x / 1x: {mem['peak_ratio']} ({mem['compared'].replace('_', ' ')}); whole process: {mem['process_peak_ratio']}.", ""]
+    compared = "the extraction's own peak" if mem["compared"].startswith("extraction") else "the process's peak"
+    out += [f"Peak RSS {mem['factor']}x / 1x: {mem['peak_ratio']} ({compared}); whole process, imports and loading included: {mem['process_peak_ratio']}.", ""]
     tok = results["tokenization"]
     out += [
         "## Tokenization",
@@ -412,7 +429,7 @@ def render(results: dict) -> str:
         "",
         "## Targets",
         "",
-        table(["target", "model", "measured", "met"], [[r["target"], r["model"], r["measured"], r["met"]] for r in results["targets"]], 4),
+        table(["target", "model", "measured", "met"], [[r["target"], r["model"], r["measured"], r["met"]] for r in results["targets"]], 3),
         "",
     ]
     return "\n".join(out)

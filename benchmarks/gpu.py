@@ -15,7 +15,8 @@ non-embedding parameters the forward pass multiplies with (the truncated backbon
 pipeline; every layer and the LM head for the naive design) and the ceiling is a large bf16 GEMM
 timed with CUDA events on the same GPU. Attention's own FLOPs are not counted.
 
-Needs torch, transformers (5.x: Qwen3 and Qwen3.5 classes), safetensors, pyarrow, numpy; not dagster.
+Needs what hsx_dagster.core needs (torch, transformers 5.x with the Qwen3 and Qwen3.5 classes, safetensors,
+pyarrow, numpy, pydantic-settings, pyyaml), not dagster.
 """
 
 from __future__ import annotations
@@ -228,8 +229,8 @@ def initialise(model: torch.nn.Module, std: float, seed: int) -> None:
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
-            if name == "A_log":  # Gated DeltaNet decay: log of U(1, 16), as transformers initialises it
-                param.uniform_(1.0, 16.0, generator=generator).log_()
+            if name == "A_log":  # Gated DeltaNet decay rates: log of U(0.01, 16), as transformers initialises them
+                param.uniform_(0.01, 16.0, generator=generator).log_()
             elif name == "dt_bias":
                 param.fill_(1.0)
             elif name == "bias":
@@ -399,7 +400,10 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
             "peak_device_gib": round(max(peak) / 2**30, 2) if peak else None,
             "bytes_on_disk": int(np.median([e["bytes_on_disk"] for e in entries])),
         }
-    paired = lambda a, b: round(float(np.median([x["seconds"] / y["seconds"] for x, y in zip(runs[a], runs[b])])), 3)  # noqa: E731
+
+    def paired(numerator: str, denominator: str) -> float:  # median of per-round ratios of seconds
+        return round(float(np.median([x["seconds"] / y["seconds"] for x, y in zip(runs[numerator], runs[denominator])])), 3)
+
     result = {
         "config": {k: v for k, v in config.to_dict().items() if k in MODELS[name]["sizes"] or k == "layer_types"},
         "parameters": sum(p.numel() for p in causal_lm.parameters()),
@@ -460,7 +464,7 @@ def render(results: dict) -> str:
                 r["pipeline_over_naive"] if contestant == "pipeline" else None,
                 r["pipeline_over_bare"] if contestant == "pipeline" else None, f["peak_device_gib"],
             ])  # fmt: skip
-    lines += [table(["model", "contestant", "samples/s", "tokens/s", "MFU", "x naive", "x bare", "peak GPU GiB"], rows, 3), ""]
+    lines += [table(["model", "contestant", "samples/s", "tokens/s", "MFU", "x naive", "x bare", "peak GPU GiB"], rows, [0, 0, 2, 0, 3, 2, 3, 1]), ""]
     for name, r in results["models"].items():
         kernel = f"; linear attention: {r['linear_attention']}" if r["linear_attention"] else ""
         lines.append(

@@ -3,7 +3,7 @@
 - ``qwen3.6-shaped``: the hybrid architecture of Qwen3.5/3.6 (three Gated DeltaNet linear-attention
   layers, then one full-attention layer) with Qwen3.6's vocabulary of 248,320 tokens;
 - ``qwen3-dense``: a dense Qwen3 (full attention only) with Qwen3's vocabulary of 151,936 tokens;
-- ``demo``: the embedded demo model (hybrid, demo vocabulary of 8,192 tokens).
+- ``demo``: the embedded demo model (hybrid, demo vocabulary of 5,248 tokens).
 
 All random weights, 8 decoder layers and a small hidden size, so that a 2-core CPU runs them. The
 vocabularies are the real ones because the LM head is what the naive design pays for.

@@ -44,7 +44,7 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
     command = [
         sys.executable, "-m", "benchmarks.cpu", "--samples", "8", "--rounds", "1", "--models", "qwen3.6-shaped",
         "--storage-models", "demo", "--memory-samples", "8", "--memory-factor", "2", "--tokenize-repeats", "1",
-        "--out", str(tmp_path), "--date", "test",
+        "--max-repeats", "0", "--out", str(tmp_path), "--date", "test",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

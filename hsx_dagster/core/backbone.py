@@ -25,8 +25,6 @@ from pathlib import Path
 
 import torch
 
-from hsx_dagster.core.settings import missing_weight_files
-
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +94,8 @@ def check_model_dir(model_path: Path) -> None:
         raise BackboneError(f"{model_path}: no config.json (not a Hugging Face model directory)")
     if not any(model_path.glob("*.safetensors")) and not any(model_path.glob("*.bin")):
         raise BackboneError(f"{model_path}: no weights (*.safetensors or *.bin) found")
+    from hsx_dagster.core.settings import missing_weight_files  # here: the GPU benchmark imports this module bare
+
     missing = missing_weight_files(model_path)
     if missing:
         raise BackboneError(f"{model_path}: weight files named by the checkpoint index are missing: {', '.join(missing[:5])}")
