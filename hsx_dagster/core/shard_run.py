@@ -112,8 +112,10 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
     }
     with ShardStore(job.output_dir, provenance, on_mismatch=job.on_mismatch, report=report) as store:
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
-        _check_disk_space(job, table, store.done_sample_ids)
-        if np.isin(table.column("sample_id").to_numpy(), list(store.done_sample_ids)).all():
+        done = store.done_sample_ids
+        todo = ~np.isin(table.column("sample_id").to_numpy(), np.fromiter(done, dtype=np.int64, count=len(done)))
+        _check_disk_space(job, table, todo)
+        if not todo.any():
             report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
             return _finish(job, table, store, provenance, ExtractionReport.nothing_to_do(job.shard, table.num_rows, device), None)
         report(f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
@@ -164,9 +166,8 @@ def _finish(job: ShardJob, table: pa.Table, store: ShardStore, provenance: dict,
     return ShardResult(result, info, provenance["compute_dtype"], totals, quarantined)
 
 
-def _check_disk_space(job: ShardJob, table: pa.Table, done: set[int]) -> None:
-    """Before the model loads: the samples still to extract must fit on the output disk."""
-    todo = ~np.isin(table.column("sample_id").to_numpy(), np.fromiter(done, dtype=np.int64, count=len(done)))
+def _check_disk_space(job: ShardJob, table: pa.Table, todo: np.ndarray) -> None:
+    """Before the model loads: the samples still to extract (``todo``, a row mask) must fit on the output disk."""
     tokens = int(table.column("num_tokens").to_numpy()[todo].sum())
     shape = StoredShape.of_model(job.model_path, job.layer_ids, job.include_final)
     needed = estimate_bytes(tokens, int(todo.sum()), shape, job.storage_dtype, job.chunk_bytes)
