@@ -28,9 +28,9 @@ import torch
 from safetensors import safe_open
 
 from hsx_dagster.core.drafter import INDEX_FILE, MANIFEST_FILE, QUARANTINE_FILE
-from hsx_dagster.core.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, dequantize
+from hsx_dagster.core.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for
 from hsx_dagster.core.reader import DrafterDataset
-from hsx_dagster.core.store import STATE_TENSORS, STORAGE_DTYPES, StoreError, read_index
+from hsx_dagster.core.store import STATE_TENSORS, STORAGE_DTYPES, StoreError, read_index, read_sample
 from hsx_dagster.core.tokenization import read_tokenized_shard
 
 # Relative L2 error per token allowed by the storage dtype (its rounding), and added when the
@@ -194,10 +194,11 @@ def check_numerics(drafter_dir: Path) -> CheckOutcome:
         folder = root / "hidden_states" / shard
         for record in read_index(folder):
             with safe_open(str(folder / record.chunk), framework="pt") as chunk:
-                states = _states(chunk, "hidden_states")  # [T, L, H]
-                if "final_hidden_states" in chunk.keys():
-                    states = torch.cat([states, _states(chunk, "final_hidden_states").unsqueeze(1)], dim=1)
                 offsets = chunk.get_tensor("offsets")
+                whole = read_sample(chunk, 0, int(offsets[-1]), dtype=torch.float32)  # fp8 de-quantised
+                states = whole["hidden_states"]  # [T, L, H]
+                if "final_hidden_states" in whole:
+                    states = torch.cat([states, whole["final_hidden_states"].unsqueeze(1)], dim=1)
                 sample_ids = chunk.get_tensor("sample_ids").tolist()
             finite = torch.isfinite(states).all(dim=2).all(dim=1)  # per token
             if not bool(finite.all()):
@@ -224,14 +225,6 @@ def check_numerics(drafter_dir: Path) -> CheckOutcome:
     table = {name: {"mean": round(float(m), 6), "std": round(float(s), 6)} for name, m, s in zip(names, means, stds)}
     description = "; ".join(problems + warnings) or "all values finite; per-layer statistics in metadata"
     return CheckOutcome(not problems, description, {"per_layer": table, "nonfinite_samples": len(bad_samples), "warnings": warnings})
-
-
-def _states(chunk, name: str) -> torch.Tensor:
-    """A whole chunk's states in float32, de-quantised when stored as fp8."""
-    states = chunk.get_tensor(name)
-    if name + SCALES_SUFFIX in chunk.keys():
-        return dequantize(states, chunk.get_tensor(name + SCALES_SUFFIX), torch.float32)
-    return states.float()
 
 
 def check_parity(
