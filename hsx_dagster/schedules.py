@@ -27,6 +27,8 @@ from dagster import (
     schedule,
 )
 
+from hsx_dagster.pools import prepare_pool
+
 HIDDEN_STATES = AssetKey("hidden_states")
 RETRY_SHARD_TAG = "hsx/retry-of-shard"
 RETRY_ATTEMPT_TAG = "hsx/retry-attempt"
@@ -87,6 +89,7 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
                 "look at their last run's error, fix it, and launch them by hand"
             )
         if requests:
+            prepare_pool(instance, context.log)  # the retried shards may start together (see hsx_dagster/pools.py)
             return requests
         reasons = []
         if busy:

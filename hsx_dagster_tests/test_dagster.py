@@ -53,7 +53,8 @@ def test_the_module_definitions_load_from_the_repo_settings():
 
 
 def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings_file):
-    with instance_for_test() as instance:
+    with instance_for_test(overrides={"concurrency": {"pools": {"default_limit": 2}}}) as instance:
+        assert instance.event_log_storage.get_pool_limits() == []
         result = materialize(
             [tokenized_dataset, tokenized_dataset_consistent],
             resources={"settings": HsxSettings(path=str(settings_file))},
@@ -78,6 +79,8 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         assert "| shard-02 |" in metadata["estimated_bytes_per_shard"].value
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("tokenized_dataset_consistent", True)]
+        # the extraction pool is set up before any shard claims it (hsx_dagster/pools.py)
+        assert [(p.name, p.limit, p.from_default) for p in instance.event_log_storage.get_pool_limits()] == [("gpu", 2, True)]
 
 
 def test_run_config_overrides_settings(settings_file):

@@ -4,20 +4,24 @@ materialized concurrently by two CLI processes, then the retry schedule against 
 The server is a throwaway cluster started here on 127.0.0.1 (.ci/run installs PostgreSQL)."""
 
 import glob
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 from dagster import AssetKey, AssetPartitionStatus, DagsterInstance, build_schedule_context
 
+from hsx_dagster import pools
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.definitions import build_definitions
+from hsx_dagster.pools import prepare_pool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,6 +74,8 @@ def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_pat
     module = ["asset", "materialize", "-m", "hsx_dagster.definitions"]
     first = subprocess.run([dagster, *module, "--select", "tokenized_dataset"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
+    # The pool exists before the shards race to claim it (dagster-io/dagster#33552).
+    assert "pool `gpu`: limit 8" in first.stderr
     shards = [
         subprocess.Popen([dagster, *module, "--select", "hidden_states", "--partition", shard], cwd=REPO, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -94,3 +100,58 @@ def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_pat
         for key in postgres:
             os.environ.pop(key, None)
     assert yaml.safe_load((home / "dagster.yaml").read_text())["run_retries"]["retry_on_asset_or_op_failure"] is False
+
+
+@pytest.fixture
+def production_instance(postgres, tmp_path, monkeypatch):
+    for key, value in postgres.items():
+        monkeypatch.setenv(key, value)
+    shutil.copy(REPO / "deploy" / "dagster.yaml", tmp_path / "dagster.yaml")
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        yield instance
+
+
+def pool_rows(instance, pool):
+    return [(limit.limit, limit.from_default) for limit in instance.event_log_storage.get_pool_limits() if limit.name == pool]
+
+
+def test_a_pool_is_prepared_once_when_processes_race_for_it(production_instance):
+    barrier = threading.Barrier(6)
+    limits, errors = [], []
+
+    def prepare():
+        barrier.wait()
+        try:
+            limits.append(prepare_pool(production_instance, logging.getLogger("race"), pool="race"))
+        except Exception as error:  # collected, so the assertion below names it
+            errors.append(error)
+
+    threads = [threading.Thread(target=prepare) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and limits == [8] * 6
+    assert pool_rows(production_instance, "race") == [(8, True)]
+
+
+def test_the_process_that_loses_the_insert_reads_the_winners_row(production_instance, monkeypatch):
+    log = logging.getLogger("race")
+    assert prepare_pool(production_instance, log, pool="lost") == 8  # the winner
+    read_pool = pools._pool_limit
+    reads = []
+
+    def missing_at_first_read(instance, pool):
+        reads.append(pool)
+        return None if len(reads) == 1 else read_pool(instance, pool)
+
+    # The loser read "no row" just before the winner inserted it, then inserts it again.
+    monkeypatch.setattr(pools, "_pool_limit", missing_at_first_read)
+    assert prepare_pool(production_instance, log, pool="lost") == 8
+    assert pool_rows(production_instance, "lost") == [(8, True)]
+
+
+def test_an_explicit_pool_limit_is_left_alone(production_instance):
+    production_instance.event_log_storage.set_concurrency_slots("explicit", 3)
+    assert prepare_pool(production_instance, logging.getLogger("pool"), pool="explicit") == 3
+    assert pool_rows(production_instance, "explicit") == [(3, False)]

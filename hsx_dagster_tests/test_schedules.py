@@ -45,7 +45,7 @@ def pipeline(failing_shard_settings):
     schedule = defs.resolve_schedule_def("retry_failed_shards")
     hidden_states = build_hidden_states(shard_partitions(settings))
     resources = {"settings": HsxSettings(path=str(failing_shard_settings)), "gpu": GpuResource.from_settings(settings)}
-    with instance_for_test() as instance:
+    with instance_for_test(overrides={"concurrency": {"pools": {"default_limit": 2}}}) as instance:
         def tick():
             return schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
 
@@ -83,8 +83,11 @@ def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
                          instance=pipeline.instance, raise_on_error=False)
     assert not failed.success
 
+    pipeline.instance.event_log_storage.delete_concurrency_limit("gpu")  # say, removed in the UI
     (request,) = pipeline.tick().run_requests
     assert request.partition_key == "shard-00"
+    # set up again before the retried shards start together (hsx_dagster/pools.py)
+    assert [(p.name, p.limit) for p in pipeline.instance.event_log_storage.get_pool_limits()] == [("gpu", 2)]
     (pipeline.out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds
     rerun = materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key=request.partition_key,
                         tags=request.tags, instance=pipeline.instance)

@@ -7,6 +7,7 @@ core engine, the run's figures back as materialization metadata.
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, StaticPartitionsDefinition, multi_asset
 
 from hsx_dagster.core.shard_run import ShardJob, ShardResult, run_shard
+from hsx_dagster.pools import GPU_POOL
 from hsx_dagster.resources import GpuResource, HsxSettings
 
 
@@ -26,7 +27,7 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         ],
         partitions_def=partitions_def,
         op_tags={"hsx/role": "extraction"},
-        pool="gpu",  # cap concurrent extraction steps with `dagster instance concurrency set gpu <number of GPUs>`
+        pool=GPU_POOL,  # cap concurrent extraction steps with `dagster instance concurrency set gpu <number of GPUs>`
     )
     def extract_hidden_states(context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings) -> MaterializeResult:
         loaded = settings.load()

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from hsx_dagster.core.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
+from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings
 
 
@@ -62,6 +63,7 @@ def tokenized_dataset(context: AssetExecutionContext, config: TokenizeConfig, se
         f"hidden states will take about {format_bytes(sum(estimate[loaded.extraction.storage_dtype].values()))} "
         f"({loaded.extraction.storage_dtype}; {shape.layers} vectors of {shape.hidden_size} per token)"
     )
+    prepare_pool(context.instance, context.log)  # before shards start together (see hsx_dagster/pools.py)
     return MaterializeResult(metadata={**tokenized_metadata(summary, loaded.tokenized_dir), **estimate_metadata(estimate)})
 
 
