@@ -32,16 +32,14 @@ def prepare_pool(instance: DagsterInstance, log: logging.Logger | logging.Logger
             return None
         try:
             storage.initialize_concurrency_limit_to_default(pool)
-        except SQLAlchemyError as error:
-            # Another process inserted the row between our read and our insert: it exists now.
-            current = _pool_limit(instance, pool)
-            if current is None:
+        except SQLAlchemyError:
+            # Another process inserted the row between our read and our insert: its row serves.
+            if _pool_limit(instance, pool) is None:
                 raise
-            log.info(f"pool `{pool}` was set up by another run at the same moment ({type(error).__name__})")
-            return current.limit
         current = _pool_limit(instance, pool)
-        log.info(f"pool `{pool}`: limit {current.limit if current else default_limit} (the instance's default)")
-        return current.limit if current else default_limit
+        limit = current.limit if current else default_limit  # storages without a limits table keep none
+        log.info(f"pool `{pool}`: limit {limit} (the instance's default)")
+        return limit
     if current.from_default and default_limit is not None and current.limit != default_limit:
         # Dagster re-applies a changed default when a step claims a slot, which fails on PostgreSQL
         # (same issue). An explicit limit is never re-applied, so it is the reliable way to resize.
