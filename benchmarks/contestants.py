@@ -19,10 +19,10 @@ import pyarrow as pa
 import torch
 from safetensors.torch import save_file
 
-from hsx_dagster.core.backbone import Backbone, BackboneInfo
-from hsx_dagster.core.batching import plan_batches
-from hsx_dagster.core.extract import ExtractOptions, extract_shard
-from hsx_dagster.core.store import ShardStore
+from hsx_dagster.core.extraction.backbone import Backbone, BackboneInfo
+from hsx_dagster.core.extraction.batching import plan_batches
+from hsx_dagster.core.extraction.engine import ExtractOptions, extract_shard
+from hsx_dagster.core.storage.shard_store import ShardStore
 
 CONTESTANTS = ("naive", "bare", "pipeline")
 
@@ -32,7 +32,9 @@ def _rows(samples: pa.Table, column: str) -> list[np.ndarray]:
     return [values[k].values.to_numpy(zero_copy_only=False) for k in range(len(values))]
 
 
-def run_naive(model: torch.nn.Module, samples: pa.Table, layer_ids: list[int], out: Path, storage_dtype: torch.dtype) -> None:
+def run_naive(
+    model: torch.nn.Module, samples: pa.Table, layer_ids: list[int], out: Path, storage_dtype: torch.dtype
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     sample_ids = samples.column("sample_id").to_pylist()
@@ -51,18 +53,26 @@ def run_bare(model: torch.nn.Module, samples: pa.Table, options: ExtractOptions)
     device = next(model.parameters()).device
     rows = _rows(samples, "input_ids")
     with torch.inference_mode():
-        for batch in plan_batches(samples.column("num_tokens").to_numpy(), options.batch_size, options.max_batch_tokens):
+        for batch in plan_batches(
+            samples.column("num_tokens").to_numpy(), options.batch_size, options.max_batch_tokens
+        ):
             padded = np.full((len(batch.rows), batch.longest), options.pad_token_id, dtype=np.int64)
             mask = np.zeros_like(padded)
             for k, row in enumerate(batch.rows):
                 padded[k, : len(rows[row])] = rows[row]
                 mask[k, : len(rows[row])] = 1
-            model(input_ids=torch.from_numpy(padded).to(device), attention_mask=torch.from_numpy(mask).to(device), use_cache=False)
+            model(
+                input_ids=torch.from_numpy(padded).to(device),
+                attention_mask=torch.from_numpy(mask).to(device),
+                use_cache=False,
+            )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def run_pipeline(model: torch.nn.Module, info: BackboneInfo, samples: pa.Table, options: ExtractOptions, out: Path) -> dict:
+def run_pipeline(
+    model: torch.nn.Module, info: BackboneInfo, samples: pa.Table, options: ExtractOptions, out: Path
+) -> dict:
     backbone = Backbone(model, info)  # hooks on for this run only, so `run_bare` on the same model captures nothing
     try:
         with ShardStore(out, {"benchmark": True}) as store:

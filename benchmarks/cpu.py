@@ -34,16 +34,30 @@ from benchmarks.measure import Run, median, mib, timed, tree_bytes
 from benchmarks.memory import measure_memory
 from benchmarks.models import DEMO, LAYERS, MODEL_NAMES, REPO, SPECS, build_model, describe, pick_samples
 from benchmarks.report import table
-from benchmarks.storage import BASELINE, REFERENCE, error_summary, payload_bytes, read_states, relative_errors, storage_dtypes
+from benchmarks.storage import (
+    BASELINE,
+    REFERENCE,
+    error_summary,
+    payload_bytes,
+    read_states,
+    relative_errors,
+    storage_dtypes,
+)
 from benchmarks.tokenization import COLUMNS, measure_tokenization
-from hsx_dagster.core.backbone import load_backbone
-from hsx_dagster.core.batching import padding_efficiency, plan_batches
-from hsx_dagster.core.extract import ExtractOptions
-from hsx_dagster.core.tokenization import read_tokenized_shard
+from hsx_dagster.core.extraction.backbone import load_backbone
+from hsx_dagster.core.extraction.batching import padding_efficiency, plan_batches
+from hsx_dagster.core.extraction.engine import ExtractOptions
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 
 ID_MASK_BYTES = 5  # per token: input id (int32) and loss mask (uint8), stored with the states
 HEADLINE = "qwen3.6-shaped"  # the model the pipeline / naive target is about, and the memory runs use
-TARGETS = {"pipeline_over_bare": 0.95, "pipeline_over_naive": 20.0, "padding_efficiency": 0.97, "bytes_over_payload": 1.01, "memory_growth": 1.10}
+TARGETS = {
+    "pipeline_over_bare": 0.95,
+    "pipeline_over_naive": 20.0,
+    "padding_efficiency": 0.97,
+    "bytes_over_payload": 1.01,
+    "memory_growth": 1.10,
+}
 
 
 @dataclass
@@ -71,22 +85,41 @@ class Job:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=160, help="about this many demo samples (whole batches), for every run")
+    parser.add_argument(
+        "--samples", type=int, default=160, help="about this many demo samples (whole batches), for every run"
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--models", nargs="+", default=list(SPECS), choices=list(SPECS), help="models of the throughput table")
+    parser.add_argument(
+        "--models", nargs="+", default=list(SPECS), choices=list(SPECS), help="models of the throughput table"
+    )
     parser.add_argument("--storage-models", nargs="+", default=[DEMO, HEADLINE], choices=list(MODEL_NAMES))
-    parser.add_argument("--hidden-size", type=int, default=64, help="hidden size of the Qwen3.6-shaped and dense models")
-    parser.add_argument("--batch-size", type=int, default=16, help="rows per forward (the CPU sweet spot; GPUs want more)")
+    parser.add_argument(
+        "--hidden-size", type=int, default=64, help="hidden size of the Qwen3.6-shaped and dense models"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="rows per forward (the CPU sweet spot; GPUs want more)"
+    )
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
-    parser.add_argument("--chunk-mb", type=float, default=2.0, help="chunk size: small enough that every run writes several")
+    parser.add_argument(
+        "--chunk-mb", type=float, default=2.0, help="chunk size: small enough that every run writes several"
+    )
     parser.add_argument("--memory-samples", type=int, default=64, help="samples of the 1x memory run")
     parser.add_argument("--memory-factor", type=int, default=10)
     parser.add_argument("--tokenize-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--quiet-cores", type=float, default=0.25, help="a run during which other processes kept more cores busy is repeated")
+    parser.add_argument(
+        "--quiet-cores",
+        type=float,
+        default=0.25,
+        help="a run during which other processes kept more cores busy is repeated",
+    )
     parser.add_argument("--max-repeats", type=int, default=4, help="repeats per model x contestant, over all rounds")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="no repeat that would make the whole run end later than this")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder of the JSON and Markdown results")
+    parser.add_argument(
+        "--budget-s", type=float, default=540.0, help="no repeat that would make the whole run end later than this"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results", help="folder of the JSON and Markdown results"
+    )
     parser.add_argument("--date", default=datetime.date.today().isoformat(), help="date in the result file names")
     return parser.parse_args(argv)
 
@@ -98,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     load_start = os.getloadavg()
-    options = ExtractOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_bytes=int(args.chunk_mb * 2**20))
+    options = ExtractOptions(
+        batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_bytes=int(args.chunk_mb * 2**20)
+    )
 
     with tempfile.TemporaryDirectory(prefix="hsx-bench-") as tmp:
         work = Path(tmp)
@@ -125,10 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         "date": args.date,
         "machine": _machine(args.threads, load_start),
         "settings": {
-            "samples": samples.num_rows, "rounds": args.rounds, "layers": LAYERS, "batch_size": args.batch_size,
-            "max_batch_tokens": args.max_batch_tokens, "chunk_bytes": options.chunk_bytes, "hidden_size": args.hidden_size,
+            "samples": samples.num_rows,
+            "rounds": args.rounds,
+            "layers": LAYERS,
+            "batch_size": args.batch_size,
+            "max_batch_tokens": args.max_batch_tokens,
+            "chunk_bytes": options.chunk_bytes,
+            "hidden_size": args.hidden_size,
             "compute_dtype": "float32",
-        },  # fmt: skip
+        },
         "samples": {
             "count": samples.num_rows,
             "tokens": tokens,
@@ -172,7 +212,15 @@ def _load(name: str, work: Path, hidden_size: int, naive: bool) -> Loaded:
     return Loaded(directory, facts, backbone.model, backbone.info, causal_lm)
 
 
-def _measure(jobs: list[Job], loaded: dict[str, Loaded], samples: pa.Table, options: ExtractOptions, work: Path, args, started: float) -> dict[str, Path]:
+def _measure(
+    jobs: list[Job],
+    loaded: dict[str, Loaded],
+    samples: pa.Table,
+    options: ExtractOptions,
+    work: Path,
+    args,
+    started: float,
+) -> dict[str, Path]:
     """Every job once per round, interleaved, in an order rotated from round to round. A run that other
     processes disturbed is measured again while the budget allows. Returns the first round's pipeline
     outputs (for the reconstruction errors)."""
@@ -188,10 +236,14 @@ def _measure(jobs: list[Job], loaded: dict[str, Loaded], samples: pa.Table, opti
             out = work / "runs" / f"{job.key.replace('/', '-')}-{round_number}"
             while True:
                 shutil.rmtree(out, ignore_errors=True)
-                run = timed(lambda: _execute(job, loaded[job.model], samples, options, out))
+                run = timed(lambda job=job, out=out: _execute(job, loaded[job.model], samples, options, out))
                 noisy = run.others_cores is not None and run.others_cores > args.quiet_cores
                 rest = (order[position + 1 :], args.rounds - round_number - 1)
-                if not noisy or job.repeats >= args.max_repeats or not _affordable(run.seconds, jobs, *rest, started, args):
+                if (
+                    not noisy
+                    or job.repeats >= args.max_repeats
+                    or not _affordable(run.seconds, jobs, *rest, started, args)
+                ):
                     break
                 job.repeats += 1
             job.runs.append(run)
@@ -204,11 +256,15 @@ def _measure(jobs: list[Job], loaded: dict[str, Loaded], samples: pa.Table, opti
     return kept
 
 
-def _affordable(seconds: float, jobs: list[Job], left_in_round: list[Job], rounds_left: int, started: float, args) -> bool:
+def _affordable(
+    seconds: float, jobs: list[Job], left_in_round: list[Job], rounds_left: int, started: float, args
+) -> bool:
     """Whether one more run of ``seconds`` still lets everything planned end within the budget."""
     latest = {job.key: job.runs[-1].seconds for job in jobs if job.runs}
     unknown = max(latest.values(), default=seconds)  # not run yet: assume the slowest
-    rest = sum(latest.get(j.key, unknown) for j in left_in_round) + rounds_left * sum(latest.get(j.key, unknown) for j in jobs)
+    rest = sum(latest.get(j.key, unknown) for j in left_in_round) + rounds_left * sum(
+        latest.get(j.key, unknown) for j in jobs
+    )
     reserve = 60.0  # the memory runs and the report
     return time.perf_counter() - started + seconds + rest + reserve < args.budget_s
 
@@ -231,7 +287,11 @@ def _padding(table: pa.Table, options: ExtractOptions) -> float:
 
 
 def _find(jobs: list[Job], model: str, contestant: str, dtype: str = BASELINE) -> Job:
-    return next(j for j in jobs if j.model == model and j.contestant == contestant and (contestant != "pipeline" or j.dtype == dtype))
+    return next(
+        j
+        for j in jobs
+        if j.model == model and j.contestant == contestant and (contestant != "pipeline" or j.dtype == dtype)
+    )
 
 
 def _paired(numerator: Job, denominator: Job) -> dict:
@@ -270,7 +330,11 @@ def _throughput(jobs: list[Job], name: str, samples: pa.Table, facts: dict) -> d
             }
         if contestant == "pipeline":
             report = job.runs[0].result
-            entry |= {"padding_efficiency": report["padding_efficiency"], "forward_share": report["forward_share"], "chunks": len(report["chunks"])}
+            entry |= {
+                "padding_efficiency": report["padding_efficiency"],
+                "forward_share": report["forward_share"],
+                "chunks": len(report["chunks"]),
+            }
         figures[contestant] = entry
     pipeline, naive, bare = (_find(jobs, name, c) for c in ("pipeline", "naive", "bare"))
     return {
@@ -300,7 +364,9 @@ def _others(job: Job) -> float | None:
     return round(median(values), 3) if values else None
 
 
-def _storage(jobs: list[Job], kept: dict[str, Path], loaded: dict[str, Loaded], samples: pa.Table, names: list[str]) -> dict:
+def _storage(
+    jobs: list[Job], kept: dict[str, Path], loaded: dict[str, Loaded], samples: pa.Table, names: list[str]
+) -> dict:
     tokens = int(np.sum(samples.column("num_tokens").to_numpy()))
     storage = {}
     for name in names:
@@ -329,26 +395,70 @@ def _targets(results: dict, models: list[str]) -> list[dict]:
     rows = []
     for name in models:
         figures = results["throughput"][name]
-        rows.append(_target(f"pipeline / bare >= {t['pipeline_over_bare']}", name, figures["pipeline_over_bare"]["median"], t["pipeline_over_bare"]))
+        rows.append(
+            _target(
+                f"pipeline / bare >= {t['pipeline_over_bare']}",
+                name,
+                figures["pipeline_over_bare"]["median"],
+                t["pipeline_over_bare"],
+            )
+        )
     if HEADLINE in results["throughput"]:
         ratio = results["throughput"][HEADLINE]["pipeline_over_naive"]["median"]
-        rows.append(_target(f"pipeline / naive >= {t['pipeline_over_naive']:.0f}x", HEADLINE, ratio, t["pipeline_over_naive"]))
+        rows.append(
+            _target(f"pipeline / naive >= {t['pipeline_over_naive']:.0f}x", HEADLINE, ratio, t["pipeline_over_naive"])
+        )
     efficiency = results["samples"]["demo_set_padding_efficiency"]
-    rows.append(_target(f"padding efficiency >= {t['padding_efficiency']} (whole demo set)", "all", efficiency, t["padding_efficiency"]))
+    rows.append(
+        _target(
+            f"padding efficiency >= {t['padding_efficiency']} (whole demo set)",
+            "all",
+            efficiency,
+            t["padding_efficiency"],
+        )
+    )
     for name in models:
         ratio = results["throughput"][name]["contestants"]["pipeline"]["bytes_over_payload"]
-        rows.append(_target(f"bytes on disk <= {t['bytes_over_payload']} x payload", name, ratio, t["bytes_over_payload"], at_most=True))
+        rows.append(
+            _target(
+                f"bytes on disk <= {t['bytes_over_payload']} x payload",
+                name,
+                ratio,
+                t["bytes_over_payload"],
+                at_most=True,
+            )
+        )
     growth = results["memory"]["peak_ratio"]
-    rows.append(_target(f"peak RSS {results['memory']['factor']}x / 1x <= {t['memory_growth']}", "memory", growth, t["memory_growth"], at_most=True))
+    rows.append(
+        _target(
+            f"peak RSS {results['memory']['factor']}x / 1x <= {t['memory_growth']}",
+            "memory",
+            growth,
+            t["memory_growth"],
+            at_most=True,
+        )
+    )
     return rows
 
 
 def _target(name: str, model: str, measured: float, bound: float, at_most: bool = False) -> dict:
-    return {"target": name, "model": model, "measured": measured, "met": measured <= bound if at_most else measured >= bound}
+    return {
+        "target": name,
+        "model": model,
+        "measured": measured,
+        "met": measured <= bound if at_most else measured >= bound,
+    }
 
 
 def _machine(threads: int, load_start) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return {
         "platform": platform.platform(),
         "cpu": cpu,
@@ -364,7 +474,8 @@ def _machine(threads: int, load_start) -> dict:
 def _noise_line(noise: dict) -> str:
     return (
         f"Other processes on the machine: {noise['repeated_runs']} runs measured again because others kept more than "
-        f"{noise['quiet_cores']} cores busy meanwhile; {noise['noisy_kept_runs']} of the {noise['kept_runs']} kept runs were "
+        f"{noise['quiet_cores']} cores busy meanwhile; {noise['noisy_kept_runs']} of the {noise['kept_runs']} "
+        "kept runs were "
         f"still disturbed; others' median {noise['others_cores_median']} cores, max {noise['others_cores_max']}."
     )
 
@@ -374,7 +485,8 @@ def render(results: dict) -> str:
     out = [
         f"# CPU benchmark, {results['date']}",
         "",
-        f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, transformers {m['transformers']}. "
+        f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, transformers "
+        f"{m['transformers']}. "
         f"{s['count']} demo samples in whole batches ({s['tokens']:,} tokens, mean {s['mean_tokens']}), "
         f"{results['settings']['rounds']} interleaved rounds, medians; layers {LAYERS}, float32 compute, "
         f"batches of <= {results['settings']['batch_size']} rows / {results['settings']['max_batch_tokens']:,} tokens. "
@@ -393,12 +505,26 @@ def render(results: dict) -> str:
                 name, contestant, f["samples_per_s"], f["tokens_per_s"],
                 figures["pipeline_over_naive"]["median"] if contestant == "pipeline" else None,
                 figures["pipeline_over_bare"]["median"] if contestant == "pipeline" else None,
-                f.get("padding_efficiency"), f.get("bytes_per_token"), f.get("bytes_over_payload"), f["peak_rss_growth_mib"], f["cpu_busy"],
+                f.get("padding_efficiency"), f.get("bytes_per_token"), f.get("bytes_over_payload"),
+                f["peak_rss_growth_mib"], f["cpu_busy"],
             ])  # fmt: skip
-    headers = ["model", "contestant", "samples/s", "tokens/s", "c/a (x naive)", "c/b (x bare)", "padding eff.", "bytes/token", "x payload", "peak RSS +MiB", "cores busy"]
+    headers = [
+        "model",
+        "contestant",
+        "samples/s",
+        "tokens/s",
+        "c/a (x naive)",
+        "c/b (x bare)",
+        "padding eff.",
+        "bytes/token",
+        "x payload",
+        "peak RSS +MiB",
+        "cores busy",
+    ]
     out += [table(headers, rows, [0, 0, 2, 0, 2, 3, 3, 1, 4, 0, 2]), ""]
     out += [
-        f"Padding efficiency of the whole demo set ({s['demo_set_samples']:,} samples, mean {s['demo_set_mean_tokens']} tokens) "
+        f"Padding efficiency of the whole demo set ({s['demo_set_samples']:,} samples, mean "
+        f"{s['demo_set_mean_tokens']} tokens) "
         f"with the same batches: {s['demo_set_padding_efficiency']}.",
         "",
         "## Storage dtypes",
@@ -408,28 +534,82 @@ def render(results: dict) -> str:
     for name, entry in results["storage"].items():
         for dtype, f in entry["dtypes"].items():
             e = f["relative_error"]
-            rows.append([name, dtype, f["bytes_per_token"], f["over_bfloat16_bytes"], f["over_payload"], e["median"], e["p99"], f["throughput_over_bfloat16"]["median"]])
-    headers = ["model", "storage dtype", "bytes/token", "x bfloat16", "x payload", "rel. error median", "rel. error p99", "throughput x bfloat16"]
+            rows.append(
+                [
+                    name,
+                    dtype,
+                    f["bytes_per_token"],
+                    f["over_bfloat16_bytes"],
+                    f["over_payload"],
+                    e["median"],
+                    e["p99"],
+                    f["throughput_over_bfloat16"]["median"],
+                ]
+            )
+    headers = [
+        "model",
+        "storage dtype",
+        "bytes/token",
+        "x bfloat16",
+        "x payload",
+        "rel. error median",
+        "rel. error p99",
+        "throughput x bfloat16",
+    ]
     out += [table(headers, rows, [0, 0, 1, 3, 4, 4, 4, 2]), ""]
     mem = results["memory"]
     out += ["## Memory scaling (pipeline, Qwen3.6-shaped, child processes)", ""]
     rows = [
-        [run, r["samples"], r["tokens"], r["chunks"], mib(r["extraction_peak_rss_bytes"]), mib(r["process_peak_rss_bytes"]), mib(r["rss_after_load_bytes"]), r["seconds"]]
+        [
+            run,
+            r["samples"],
+            r["tokens"],
+            r["chunks"],
+            mib(r["extraction_peak_rss_bytes"]),
+            mib(r["process_peak_rss_bytes"]),
+            mib(r["rss_after_load_bytes"]),
+            r["seconds"],
+        ]
         for run, r in mem["runs"].items()
     ]
-    out += [table(["run", "samples", "tokens", "chunks", "extraction peak RSS MiB", "process peak RSS MiB", "RSS after load MiB", "seconds"], rows, 1), ""]
+    out += [
+        table(
+            [
+                "run",
+                "samples",
+                "tokens",
+                "chunks",
+                "extraction peak RSS MiB",
+                "process peak RSS MiB",
+                "RSS after load MiB",
+                "seconds",
+            ],
+            rows,
+            1,
+        ),
+        "",
+    ]
     compared = "the extraction's own peak" if mem["compared"].startswith("extraction") else "the process's peak"
-    out += [f"Peak RSS {mem['factor']}x / 1x: {mem['peak_ratio']} ({compared}); whole process, imports and loading included: {mem['process_peak_ratio']}.", ""]
+    out += [
+        f"Peak RSS {mem['factor']}x / 1x: {mem['peak_ratio']} ({compared}); whole process, imports and loading "
+        f"included: {mem['process_peak_ratio']}.",
+        "",
+    ]
     tok = results["tokenization"]
     out += [
         "## Tokenization",
         "",
         f"{tok['conversations']:,} demo conversations -> {tok['samples']:,} samples ({tok['tokens']:,} tokens): "
-        f"{tok['conversations_per_s']:,} conversations/s, {tok['tokens_per_s']:,} tokens/s (median of {len(tok['seconds'])}).",
+        f"{tok['conversations_per_s']:,} conversations/s, {tok['tokens_per_s']:,} tokens/s (median of "
+        f"{len(tok['seconds'])}).",
         "",
         "## Targets",
         "",
-        table(["target", "model", "measured", "met"], [[r["target"], r["model"], r["measured"], r["met"]] for r in results["targets"]], 3),
+        table(
+            ["target", "model", "measured", "met"],
+            [[r["target"], r["model"], r["measured"], r["met"]] for r in results["targets"]],
+            3,
+        ),
         "",
     ]
     return "\n".join(out)

@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or n
 from benchmarks.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline  # noqa: E402
 from benchmarks.measure import tree_bytes  # noqa: E402
 from benchmarks.report import table  # noqa: E402
-from hsx_dagster.core.backbone import BackboneInfo  # noqa: E402
-from hsx_dagster.core.extract import ExtractOptions  # noqa: E402
+from hsx_dagster.core.extraction.backbone import BackboneInfo  # noqa: E402
+from hsx_dagster.core.extraction.engine import ExtractOptions  # noqa: E402
 from hsx_dagster.core.layers import resolve_layers  # noqa: E402
 
 LAYERS = "eagle3"
@@ -56,25 +56,49 @@ MODELS = {
         "config": "Qwen3Config",
         "causal_lm": "Qwen3ForCausalLM",
         "sizes": dict(
-            vocab_size=151_936, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=36, num_attention_heads=32,
-            num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=False,
+            vocab_size=151_936,
+            hidden_size=4096,
+            intermediate_size=12_288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40_960,
+            tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        ),  # fmt: skip
+        ),
     },
     "qwen3.6-27b-like": {
         "config": "Qwen3_5TextConfig",
         "causal_lm": "Qwen3_5ForCausalLM",
         "sizes": dict(
-            vocab_size=248_320, hidden_size=5120, intermediate_size=17_408, num_hidden_layers=64, num_attention_heads=24,
-            num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
-            linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262_144, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-        ),  # fmt: skip
+            vocab_size=248_320,
+            hidden_size=5120,
+            intermediate_size=17_408,
+            num_hidden_layers=64,
+            num_attention_heads=24,
+            num_key_value_heads=4,
+            head_dim=256,
+            linear_num_key_heads=16,
+            linear_num_value_heads=48,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            max_position_embeddings=262_144,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10],
+                "mrope_interleaved": True,
+            },
+        ),
     },
 }
 SMOKE = dict(
-    vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+    num_key_value_heads=2,
     head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
     max_position_embeddings=4096,
 )  # fmt: skip
@@ -83,16 +107,27 @@ SMOKE_MROPE = [2, 1, 1]  # head_dim 32 x 0.25 rotary = 4 frequencies
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny configs, a few samples: checks the code in seconds")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, tiny configs, a few samples: checks the code in seconds"
+    )
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--samples", type=int, nargs="+", default=None, help="samples per model (default 512 dense, 256 hybrid)")
+    parser.add_argument(
+        "--samples", type=int, nargs="+", default=None, help="samples per model (default 512 dense, 256 hybrid)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mean-tokens", type=int, default=None, help=f"mean sample length (default {MEAN_TOKENS})")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-batch-tokens", type=int, default=65_536)
     parser.add_argument("--budget-s", type=float, default=360.0, help="rounds stop early rather than run past this")
-    parser.add_argument("--out-dir", type=Path, default=None, help="where the contestants write (default: a temporary folder)")
-    parser.add_argument("--results", type=Path, default=None, help="folder of <date>-gpu.json/.md (default benchmarks/results; none with --smoke)")
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="where the contestants write (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="folder of <date>-gpu.json/.md (default benchmarks/results; none with --smoke)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -126,13 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "models": {},
     }
-    print(f"matmul ceiling: {results['ceiling']['tflops']:.1f} TFLOP/s ({results['ceiling']['shape']})", file=sys.stderr)
+    print(
+        f"matmul ceiling: {results['ceiling']['tflops']:.1f} TFLOP/s ({results['ceiling']['shape']})", file=sys.stderr
+    )
     out_root = Path(tempfile.mkdtemp(prefix="hsx-gpu-bench-", dir=args.out_dir))
     try:
         for position, (name, count) in enumerate(zip(args.models, args.samples)):
             left = args.budget_s - (time.perf_counter() - started)
             budget = left / (len(args.models) - position)
-            results["models"][name] = bench_model(name, count, args, device, dtype, results["ceiling"], out_root / name, budget)
+            results["models"][name] = bench_model(
+                name, count, args, device, dtype, results["ceiling"], out_root / name, budget
+            )
     finally:
         shutil.rmtree(out_root, ignore_errors=True)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
@@ -261,9 +300,9 @@ def check_against_reference(model: torch.nn.Module, reference: torch.nn.Module) 
     ours = dict(model.named_parameters())
     for name, param in reference.named_parameters():
         values = param.detach().float()
-        if values.numel() and bool((values == values.flatten()[0]).all()):
-            if not bool((ours[name].float() == values.flatten()[0]).all()):
-                raise AssertionError(f"{name}: expected constant {float(values.flatten()[0])}, built otherwise")
+        constant = values.numel() and bool((values == values.flatten()[0]).all())
+        if constant and not bool((ours[name].float() == values.flatten()[0]).all()):
+            raise AssertionError(f"{name}: expected constant {float(values.flatten()[0])}, built otherwise")
     ours_buffers = dict(model.named_buffers())
     for name, buffer in reference.named_buffers():
         if not torch.allclose(ours_buffers[name].float().cpu(), buffer.float()):
@@ -315,7 +354,9 @@ def linear_attention_kernel(model: torch.nn.Module) -> str | None:
     function = getattr(layer, "chunk_gated_delta_rule", None)  # transformers that pick at construction
     if function is None:  # transformers that pick at import, behind a wrapper closing over the choice
         module = sys.modules[type(layer).__module__]
-        function = getattr(module, "torch_chunk_gated_delta_rule", None) or getattr(module, "chunk_gated_delta_rule", None)
+        function = getattr(module, "torch_chunk_gated_delta_rule", None) or getattr(
+            module, "chunk_gated_delta_rule", None
+        )
         closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
         function = closure.get("implementation", function)
     origin = f"{getattr(function, '__module__', '?')}.{getattr(function, '__name__', '?')}"
@@ -362,10 +403,10 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
 
     def execute(contestant: str, table: pa.Table, folder: Path):
         if contestant == "naive":
-            return run_naive(causal_lm, table, layer_ids, folder, dtype)
+            return run_naive(causal_lm, table, layer_ids, folder, dtype)  # noqa: F821 (ruff misreads the del below)
         if contestant == "bare":
-            return run_bare(backbone, table, options)
-        return run_pipeline(backbone, info, table, options, folder)
+            return run_bare(backbone, table, options)  # noqa: F821
+        return run_pipeline(backbone, info, table, options, folder)  # noqa: F821
 
     for contestant in CONTESTANTS:  # warm-up: kernels, allocator, pinned memory
         execute(contestant, samples.slice(0, min(4, count)), out / "warm-up")
@@ -377,16 +418,26 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
             folder = out / f"{contestant}-{round_number}"
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds = _timed(device, lambda: execute(contestant, samples, folder))
+            seconds = _timed(device, lambda c=contestant, f=folder: execute(c, samples, f))
             peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-            runs[contestant].append({"seconds": seconds, "peak_device_bytes": peak, "bytes_on_disk": tree_bytes(folder) if folder.exists() else 0})
+            runs[contestant].append(
+                {
+                    "seconds": seconds,
+                    "peak_device_bytes": peak,
+                    "bytes_on_disk": tree_bytes(folder) if folder.exists() else 0,
+                }
+            )
             shutil.rmtree(folder, ignore_errors=True)
         spent = time.perf_counter() - started
         if spent + (time.perf_counter() - round_started) > budget_s and round_number + 1 < args.rounds:
             print(f"{name}: stopping after {round_number + 1} rounds to stay within the time budget", file=sys.stderr)
             break
 
-    used = {"naive": matmul_parameters(causal_lm), "bare": matmul_parameters(backbone), "pipeline": matmul_parameters(backbone)}
+    used = {
+        "naive": matmul_parameters(causal_lm),
+        "bare": matmul_parameters(backbone),
+        "pipeline": matmul_parameters(backbone),
+    }
     figures = {}
     for contestant, entries in runs.items():
         seconds = float(np.median([e["seconds"] for e in entries]))
@@ -402,7 +453,9 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         }
 
     def paired(numerator: str, denominator: str) -> float:  # median of per-round ratios of seconds
-        return round(float(np.median([x["seconds"] / y["seconds"] for x, y in zip(runs[numerator], runs[denominator])])), 3)
+        return round(
+            float(np.median([x["seconds"] / y["seconds"] for x, y in zip(runs[numerator], runs[denominator])])), 3
+        )
 
     result = {
         "config": {k: v for k, v in config.to_dict().items() if k in MODELS[name]["sizes"] or k == "layer_types"},
@@ -464,12 +517,20 @@ def render(results: dict) -> str:
                 r["pipeline_over_naive"] if contestant == "pipeline" else None,
                 r["pipeline_over_bare"] if contestant == "pipeline" else None, f["peak_device_gib"],
             ])  # fmt: skip
-    lines += [table(["model", "contestant", "samples/s", "tokens/s", "MFU", "x naive", "x bare", "peak GPU GiB"], rows, [0, 0, 2, 0, 3, 2, 3, 1]), ""]
+    lines += [
+        table(
+            ["model", "contestant", "samples/s", "tokens/s", "MFU", "x naive", "x bare", "peak GPU GiB"],
+            rows,
+            [0, 0, 2, 0, 3, 2, 3, 1],
+        ),
+        "",
+    ]
     for name, r in results["models"].items():
         kernel = f"; linear attention: {r['linear_attention']}" if r["linear_attention"] else ""
         lines.append(
             f"- {name}: {r['parameters']:,} parameters, layers {r['layer_ids']} ({r['kept_layers']} of "
-            f"{r['config']['num_hidden_layers']} run by bare/pipeline), {r['samples']} samples, mean {r['mean_tokens']} tokens, "
+            f"{r['config']['num_hidden_layers']} run by bare/pipeline), {r['samples']} samples, mean "
+            f"{r['mean_tokens']} tokens, "
             f"{r['rounds']} rounds, attention {r['attn_implementation']}{kernel}; built in {r['build_s']} s"
         )
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from hsx_dagster.core.batching import plan_batches
+from hsx_dagster.core.extraction.batching import plan_batches
 from hsx_dagster.core.layers import resolve_layers
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
 
@@ -39,7 +39,9 @@ class ModelSpec:
 
 
 SPECS = {
-    "qwen3.6-shaped": ModelSpec("qwen3_5", QWEN36_VOCAB, 3, "hybrid Gated DeltaNet + full attention (3:1), vocab 248,320"),
+    "qwen3.6-shaped": ModelSpec(
+        "qwen3_5", QWEN36_VOCAB, 3, "hybrid Gated DeltaNet + full attention (3:1), vocab 248,320"
+    ),
     "qwen3-dense": ModelSpec("qwen3", QWEN3_VOCAB, 4, "dense Qwen3 (full attention), vocab 151,936"),
 }
 MODEL_NAMES = (*SPECS, DEMO)
@@ -69,7 +71,13 @@ def build_model(name: str, work: Path, hidden_size: int) -> Path:
     spec = SPECS[name]
     out = work / "models" / name
     build_tiny_model(
-        out, demo_model(), arch=spec.arch, num_layers=spec.num_layers, hidden_size=hidden_size, seed=spec.seed, vocab_size=spec.vocab_size
+        out,
+        demo_model(),
+        arch=spec.arch,
+        num_layers=spec.num_layers,
+        hidden_size=hidden_size,
+        seed=spec.seed,
+        vocab_size=spec.vocab_size,
     )
     return out
 
@@ -101,7 +109,9 @@ def pick_samples(table: pa.Table, count: int, batch_size: int, max_batch_tokens:
     plan = plan_batches(table.column("num_tokens").to_numpy(), batch_size, max_batch_tokens)
     wanted = max(1, round(count * len(plan) / table.num_rows))
     strata = min(wanted, len(plan))
-    chosen = np.unique(((np.arange(strata) + 0.5) * len(plan) / strata).astype(np.int64))  # the middle batch of each stratum
+    chosen = np.unique(
+        ((np.arange(strata) + 0.5) * len(plan) / strata).astype(np.int64)
+    )  # the middle batch of each stratum
     rows = np.sort(np.fromiter((row for k in chosen for row in plan[k].rows), dtype=np.int64))
     return table.take(pa.array(rows))
 

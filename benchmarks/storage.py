@@ -1,6 +1,6 @@
 """Storage dtypes compared: bytes on disk per token, and how far the stored states are from the
 float32 pipeline output on the same samples (relative error per token and layer, ||x - ref|| / ||ref||).
-Every dtype of hsx_dagster.core.store.STORAGE_DTYPES takes part."""
+Every dtype of hsx_dagster.core.storage.format.STORAGE_DTYPES takes part."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hsx_dagster.core.store import STORAGE_DTYPES, iter_shard_samples
+from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
+from hsx_dagster.core.storage.format import STORAGE_DTYPES
 
 REFERENCE = "float32"
 BASELINE = "bfloat16"

@@ -1,17 +1,17 @@
 """hsx-dagster: batched hidden-state extraction for speculative-decoding drafters, on Dagster.
 
-    from hsx_dagster import DrafterDataset
-    ds = DrafterDataset("data/out/drafter", split="train")
+from hsx_dagster import DrafterDataset
+ds = DrafterDataset("data/out/drafter", split="train")
 """
 
 __version__ = "0.1.0"
-__all__ = ["DrafterDataset", "collate_drafter_batch", "__version__"]
+__all__ = ["DrafterDataset", "__version__", "collate_drafter_batch"]
 
 
 def __getattr__(name: str):
     # The reader imports torch; keep `import hsx_dagster.core.settings` and the CLI light.
     if name in ("DrafterDataset", "collate_drafter_batch"):
-        from hsx_dagster.core import reader
+        from hsx_dagster.core.dataset import reader
 
         return getattr(reader, name)
     raise AttributeError(f"module 'hsx_dagster' has no attribute {name!r}")

@@ -16,7 +16,9 @@ from sqlalchemy.exc import SQLAlchemyError
 GPU_POOL = "gpu"
 
 
-def prepare_pool(instance: DagsterInstance, log: logging.Logger | logging.LoggerAdapter, pool: str = GPU_POOL) -> int | None:
+def prepare_pool(
+    instance: DagsterInstance, log: logging.Logger | logging.LoggerAdapter, pool: str = GPU_POOL
+) -> int | None:
     """Create `pool`'s limit row from the instance's `concurrency.pools.default_limit` if missing.
 
     Returns the pool's limit (None: the instance does not limit it). Safe to call from several

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from hsx_dagster.core.drafter import MANIFEST_FILE, shard_status
+from hsx_dagster.core.dataset.assembly import shard_status
+from hsx_dagster.core.inputs.tokenization import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.core.store import COMPLETE_FILE, shard_totals
-from hsx_dagster.core.tokenization import TokenizedSummary
+from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
+from hsx_dagster.core.storage.shard_store import shard_totals
 
 
 def summary_lines(settings_file: str | None = None) -> list[str]:
@@ -26,7 +26,7 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         f"outputs       {out}",
     ]
     tokenized = settings.tokenized_dir
-    if not (tokenized / "summary.json").is_file():
+    if not (tokenized / TOKENIZED_SUMMARY_FILE).is_file():
         lines.append(f"tokenized     not materialized yet ({tokenized})")
         return lines
     summary = TokenizedSummary.read(tokenized)
@@ -44,7 +44,7 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         lines.append(f"    {shard['shard']}  {shard['samples']:>7,} samples  {shard['tokens']:>11,} tokens")
     if summary.rejects:
         lines.append("  rejects     " + ", ".join(f"{reason} {count}" for reason, count in summary.rejects.items()))
-        lines.append(f"              details: {tokenized / 'rejects.parquet'}")
+        lines.append(f"              details: {tokenized / TOKENIZED_REJECTS_FILE}")
     widest = max((b["samples"] for b in summary.histogram), default=1) or 1
     lines.append("  lengths")
     for bucket in summary.histogram:
@@ -57,10 +57,15 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         totals = shard_totals(folder) if state != "missing" else None
         line = f"    {shard}  {state:<10}"
         if totals:
-            line += f" {totals['samples']:>7,} samples  {totals['tokens']:>11,} tokens  {totals['bytes'] / 1e6:>9.1f} MB"
+            line += (
+                f" {totals['samples']:>7,} samples  {totals['tokens']:>11,} tokens  {totals['bytes'] / 1e6:>9.1f} MB"
+            )
             if (folder / COMPLETE_FILE).is_file():
                 run = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))["last_run"]
-                line += f"  last run {run['samples_per_s']:.1f} samples/s, padding efficiency {run['padding_efficiency']:.3f}"
+                line += (
+                    f"  last run {run['samples_per_s']:.1f} samples/s, "
+                    f"padding efficiency {run['padding_efficiency']:.3f}"
+                )
         lines.append(line)
     manifest_file = settings.drafter_dir / MANIFEST_FILE
     if manifest_file.is_file():
@@ -75,7 +80,8 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
             "  load it:",
             "    from hsx_dagster import DrafterDataset, collate_drafter_batch",
             f"    ds = DrafterDataset({str(settings.drafter_dir)!r}, split='train')",
-            "    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn=collate_drafter_batch)",
+            "    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, "
+            "collate_fn=collate_drafter_batch)",
         ]
     else:
         lines.append(f"drafter       not materialized yet ({settings.drafter_dir})")

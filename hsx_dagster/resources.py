@@ -41,17 +41,20 @@ class GpuResource(ConfigurableResource):
     nan_policy: str = Field("fail", description="NaN/Inf in a sample's states: fail, or quarantine (set aside, go on)")
     attn_implementation: str = Field("sdpa", description="sdpa, eager, or flash_attention_2 when installed")
     batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
-    max_batch_tokens: int = Field(32768, ge=1, description="Most computed tokens (rows x longest row) in one forward pass")
+    max_batch_tokens: int = Field(
+        32768, ge=1, description="Most computed tokens (rows x longest row) in one forward pass"
+    )
     chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
     device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
     device_lock_dir: str = Field("/tmp/hsx-dagster-device-locks", description="Per-host folder of GPU claims")
     on_mismatch: str = Field(
-        "refuse", description="A shard folder made with another model, layers, dtype or tokenized input: refuse, "
-        "or start_over (delete that shard's states and redo it)"
+        "refuse",
+        description="A shard folder made with another model, layers, dtype or tokenized input: refuse, "
+        "or start_over (delete that shard's states and redo it)",
     )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "GpuResource":
+    def from_settings(cls, settings: Settings) -> GpuResource:
         return cls(**settings.extraction.model_dump(mode="json"))
 
     def validated(self) -> ExtractionSettings:

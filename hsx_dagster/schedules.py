@@ -105,7 +105,9 @@ def _last_success(instance, shard: str):
     """When the shard was last materialized (None if never)."""
     import datetime
 
-    result = instance.fetch_materializations(AssetRecordsFilter(asset_key=HIDDEN_STATES, asset_partitions=[shard]), limit=1)
+    result = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=HIDDEN_STATES, asset_partitions=[shard]), limit=1
+    )
     if not result.records:
         return None
     return datetime.datetime.fromtimestamp(result.records[0].timestamp, tz=datetime.timezone.utc)

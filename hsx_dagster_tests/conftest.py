@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hsx_dagster.core.conversations import Conversation, iter_records
+from hsx_dagster.core.inputs.conversations import Conversation, iter_records
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,21 +7,20 @@ production code has no test hooks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
 
 import torch
-import transformers.models.auto.modeling_auto  # noqa: F401  (imported once by the forkserver, not per child)
+import transformers.models.auto.modeling_auto
 
-try:  # the demo model's architecture, likewise
+with contextlib.suppress(ImportError):  # the demo model's architecture, likewise
     import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401
-except ImportError:
-    pass
 
-from hsx_dagster.core import store
-from hsx_dagster.core.backbone import Backbone, decoder_layers
-from hsx_dagster.core.shard_run import ShardJob, run_shard
+from hsx_dagster.core.extraction.backbone import Backbone, decoder_layers
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.storage import atomic, format, shard_store
 
 NOT_KILLED = 3  # exit status when the run finished without reaching its kill point
 
@@ -89,12 +88,12 @@ def run_and_kill(job: dict, point: str, at: int) -> None:
             if point == "chunk_write":
                 wanted = name.startswith(".chunk-") and "w" in mode
             else:
-                wanted = name == store.INDEX_FILE and "a" in mode
+                wanted = name == format.SHARD_INDEX_FILE and "a" in mode
             return HalfWrittenFile(handle, _die) if wanted and reached() else handle
 
-        store.open = open_in_store  # a module global shadows the builtin in store.py only
+        atomic.open = open_in_store  # a module global shadows the builtin in atomic.py only
     elif point == "after_commit":
-        original_commit = store.ShardStore.commit
+        original_commit = shard_store.ShardStore.commit
 
         def commit(self, *args, **kwargs):
             record = original_commit(self, *args, **kwargs)
@@ -102,7 +101,7 @@ def run_and_kill(job: dict, point: str, at: int) -> None:
                 _die()
             return record
 
-        store.ShardStore.commit = commit
+        shard_store.ShardStore.commit = commit
     else:
         raise ValueError(f"unknown kill point {point!r}")
     run_shard(ShardJob(**job))

@@ -5,19 +5,17 @@ The expected turns are computed here independently of the code under test, from 
 documented rules (Qwen3: earlier reasoning dropped, newlines normalised; Llama 3: trimmed).
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from hsx_dagster.core.chat_template import (
+from hsx_dagster.core.inputs.chat_template import (
     SampleRejected,
     TemplateError,
     TemplateMarkers,
     render,
     tokenize_rendered,
 )
-from hsx_dagster.core.conversations import Conversation, Message, RejectReason, iter_records
+from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason
 
 
 def qwen3_expected_turns(messages: tuple[Message, ...], thinking: str) -> list[str]:
@@ -67,7 +65,10 @@ def check_exact(conversations, tokenizer, expected_turns, thinking):
         got = supervised_runs(tokenizer, tokens.input_ids, tokens.loss_mask)
         assert got == expected, f"{conversation.source} {conversation.location}"
         # Everything outside the mask decodes to the rest of the text: nothing lost, nothing added.
-        assert tokenizer.decode(tokens.input_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False) == item.text
+        assert (
+            tokenizer.decode(tokens.input_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            == item.text
+        )
     return rendered
 
 
@@ -80,7 +81,9 @@ def test_qwen3_template_mask_exact_on_every_demo_sample(demo_conversations, demo
             1
             for c, r in zip(demo_conversations, rendered)
             for m in c.messages
-            if m.role == "assistant" and "</think>" in m.content and m.content.split("</think>")[0].split("<think>")[-1].strip() not in r.text
+            if m.role == "assistant"
+            and "</think>" in m.content
+            and m.content.split("</think>")[0].split("<think>")[-1].strip() not in r.text
         )
         assert dropped > 50
 
@@ -89,10 +92,12 @@ def test_qwen3_template_mask_exact_on_every_demo_sample(demo_conversations, demo
 def test_llama3_template_mask_exact_on_every_demo_sample(demo_conversations, llama3_tokenizer, thinking):
     expected = llama3_expected_turns if thinking == "keep" else None
     if thinking == "strip":
+
         def expected(messages, _):
-            from hsx_dagster.core.chat_template import strip_reasoning
+            from hsx_dagster.core.inputs.chat_template import strip_reasoning
 
             return [strip_reasoning(m.content).strip() + "<|eot_id|>" for m in messages if m.role == "assistant"]
+
     check_exact(demo_conversations, llama3_tokenizer, expected, thinking)
 
 
@@ -100,7 +105,10 @@ def test_markers_learnt_from_the_templates(demo_tokenizer, llama3_tokenizer):
     qwen = TemplateMarkers.probe(demo_tokenizer)
     assert (qwen.assistant_header, qwen.end_of_turn) == ("<|im_start|>assistant\n", "<|im_end|>")
     llama = TemplateMarkers.probe(llama3_tokenizer)
-    assert (llama.assistant_header, llama.end_of_turn) == ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>")
+    assert (llama.assistant_header, llama.end_of_turn) == (
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        "<|eot_id|>",
+    )
 
 
 def conversation(*pairs):
@@ -109,7 +117,9 @@ def conversation(*pairs):
 
 def test_truncation_cuts_the_mask_with_the_ids(demo_tokenizer):
     markers = TemplateMarkers.probe(demo_tokenizer)
-    item = render(conversation(("user", "question " * 50), ("assistant", "answer " * 50)), demo_tokenizer, markers, "keep")
+    item = render(
+        conversation(("user", "question " * 50), ("assistant", "answer " * 50)), demo_tokenizer, markers, "keep"
+    )
     (full,) = tokenize_rendered([item], demo_tokenizer, max_length=10_000)
     (cut,) = tokenize_rendered([item], demo_tokenizer, max_length=len(full.input_ids) - 20)
     assert cut.truncated and not full.truncated

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hsx_dagster.core.conversations import (
+from hsx_dagster.core.inputs.conversations import (
     Conversation,
     InputFileError,
     Message,
@@ -18,12 +18,20 @@ from hsx_dagster.core.conversations import (
 
 SHARED_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "sharegpt_dummy_conversation.json"
 GOOD_SHAREGPT = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
-GOOD_OPENAI = {"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+GOOD_OPENAI = {
+    "messages": [
+        {"role": "system", "content": "be nice"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+}
 
 
 def jsonl(tmp_path: Path, lines: list, name: str = "in.jsonl") -> Path:
     path = tmp_path / name
-    path.write_bytes(b"\n".join(line if isinstance(line, bytes) else json.dumps(line).encode() for line in lines) + b"\n")
+    path.write_bytes(
+        b"\n".join(line if isinstance(line, bytes) else json.dumps(line).encode() for line in lines) + b"\n"
+    )
     return path
 
 
@@ -39,7 +47,10 @@ def test_json_array_parquet_and_gzip_read_the_same(tmp_path):
     array = tmp_path / "dump.json"
     array.write_text(json.dumps([GOOD_SHAREGPT, GOOD_OPENAI]))
     parquet = tmp_path / "dump.parquet"
-    pq.write_table(pa.Table.from_pylist([{"messages": GOOD_OPENAI["messages"]}, {"messages": GOOD_OPENAI["messages"][1:]}]), parquet)
+    pq.write_table(
+        pa.Table.from_pylist([{"messages": GOOD_OPENAI["messages"]}, {"messages": GOOD_OPENAI["messages"][1:]}]),
+        parquet,
+    )
     compressed = tmp_path / "dump.jsonl.gz"
     with gzip.open(compressed, "wt") as handle:
         handle.write(json.dumps(GOOD_SHAREGPT) + "\n")
@@ -50,11 +61,16 @@ def test_json_array_parquet_and_gzip_read_the_same(tmp_path):
     from_parquet = list(iter_records(parquet))
     assert [r.location for r in from_parquet] == ["row 0", "row 1"]
     assert from_parquet[1].messages == (Message("user", "hi"), Message("assistant", "hello"))
-    assert list(iter_records(compressed))[0].messages == from_array[0].messages
+    assert next(iter(iter_records(compressed))).messages == from_array[0].messages
 
 
 def test_openai_text_parts_are_joined(tmp_path):
-    record = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, {"role": "assistant", "content": "c"}]}
+    record = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": "c"},
+        ]
+    }
     (conversation,) = iter_records(jsonl(tmp_path, [record]))
     assert conversation.messages[0].content == "ab"
 
@@ -73,7 +89,11 @@ def test_openai_text_parts_are_joined(tmp_path):
         ({"messages": [{"role": "user", "content": {"text": "x"}}]}, RejectReason.NON_TEXT_CONTENT, "dict, not text"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, RejectReason.NON_TEXT_CONTENT, "list"),
         ({"messages": [{"role": "user", "content": None}]}, RejectReason.NON_TEXT_CONTENT, "NoneType"),
-        ({"messages": [{"role": "user", "content": "only a question"}]}, RejectReason.NO_ASSISTANT_TURN, "no assistant"),
+        (
+            {"messages": [{"role": "user", "content": "only a question"}]},
+            RejectReason.NO_ASSISTANT_TURN,
+            "no assistant",
+        ),
         ({"messages": [{"role": "system", "content": "s"}]}, RejectReason.NO_ASSISTANT_TURN, "only system"),
     ],
 )

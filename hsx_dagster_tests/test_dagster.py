@@ -11,11 +11,11 @@ import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, instance_for_test, materialize
 
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
-from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
-from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.core.tokenization import TokenizedSummary
-from hsx_dagster.definitions import build_definitions
 from hsx_dagster.assets.hidden_states import build_hidden_states
+from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
+from hsx_dagster.core.inputs.tokenization import TokenizedSummary
+from hsx_dagster.core.settings import SettingsError, load_settings
+from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
 
@@ -49,7 +49,10 @@ def test_definitions_graph_partitions_and_resources(settings_file):
 def test_the_module_definitions_load_from_the_repo_settings():
     from hsx_dagster.definitions import defs
 
-    assert defs.resolve_assets_def("hidden_states").partitions_def.get_partition_keys() == load_settings(REPO / "hsx.yaml").shard_keys
+    assert (
+        defs.resolve_assets_def("hidden_states").partitions_def.get_partition_keys()
+        == load_settings(REPO / "hsx.yaml").shard_keys
+    )
 
 
 def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings_file):
@@ -80,7 +83,9 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("tokenized_dataset_consistent", True)]
         # the extraction pool is set up before any shard claims it (hsx_dagster/pools.py)
-        assert [(p.name, p.limit, p.from_default) for p in instance.event_log_storage.get_pool_limits()] == [("gpu", 2, True)]
+        assert [(p.name, p.limit, p.from_default) for p in instance.event_log_storage.get_pool_limits()] == [
+            ("gpu", 2, True)
+        ]
 
 
 def test_run_config_overrides_settings(settings_file):
@@ -191,7 +196,17 @@ def test_cli_materialize_against_a_persistent_instance(small_settings_file, tmp_
     module = ["-m", "hsx_dagster.definitions"]
     cli("asset", "materialize", *module, "--select", "tokenized_dataset")
     run_config = json.dumps({"resources": {"gpu": {"config": {"batch_size": 4}}}})
-    cli("asset", "materialize", *module, "--select", "hidden_states", "--partition", "shard-01", "--config-json", run_config)
+    cli(
+        "asset",
+        "materialize",
+        *module,
+        "--select",
+        "hidden_states",
+        "--partition",
+        "shard-01",
+        "--config-json",
+        run_config,
+    )
     with DagsterInstance.from_config(str(home)) as instance:
         assert instance.get_latest_materialization_event(AssetKey("tokenized_dataset")) is not None
         event = instance.get_latest_materialization_event(AssetKey("hidden_states"))
@@ -199,7 +214,9 @@ def test_cli_materialize_against_a_persistent_instance(small_settings_file, tmp_
         assert event.asset_materialization.metadata["batch_size"].value == 4
     report = subprocess.run(
         [sys.executable, "-m", "hsx_dagster.report", "--config", str(small_settings_file)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert report.returncode == 0, report.stderr
     assert "shard-01" in report.stdout
@@ -209,11 +226,15 @@ def test_dagster_definitions_validate_cli(settings_file, tmp_path):
     env = {**os.environ, "HSX_CONFIG": str(settings_file), "DAGSTER_HOME": str(tmp_path)}
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     dagster = str(Path(sys.executable).with_name("dagster"))
-    ok = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "All code locations passed validation" in ok.stderr + ok.stdout
     env["HSX_SHARDS"] = "0"
-    bad = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert bad.returncode != 0
     assert "key `shards`: Input should be greater than or equal to 1" in bad.stderr + bad.stdout
 
@@ -224,11 +245,20 @@ def test_every_gpu_knob_reaches_the_resource_from_the_environment(settings_file,
     monkeypatch.setenv("HSX_EXTRACTION__DEVICES", "cuda:0,cuda:1")
     monkeypatch.setenv("HSX_EXTRACTION__STORAGE_DTYPE", "float16")
     gpu = build_definitions(load_settings(settings_file)).resources["gpu"]
-    assert (gpu.batch_size, gpu.max_batch_tokens, gpu.devices, gpu.storage_dtype) == (64, 65536, ["cuda:0", "cuda:1"], "float16")
+    assert (gpu.batch_size, gpu.max_batch_tokens, gpu.devices, gpu.storage_dtype) == (
+        64,
+        65536,
+        ["cuda:0", "cuda:1"],
+        "float16",
+    )
 
 
 def test_bad_run_config_for_the_gpu_is_named(settings_file):
-    with pytest.raises(SettingsError, match=r"resource `gpu` config: `storage_dtype`: Input should be 'bfloat16', 'float16', 'float32' or 'float8_e4m3'"):
+    with pytest.raises(
+        SettingsError,
+        match=r"resource `gpu` config: `storage_dtype`: Input should be 'bfloat16', 'float16', 'float32' or "
+        r"'float8_e4m3'",
+    ):
         GpuResource(storage_dtype="int8").validated()
     with pytest.raises(SettingsError, match=r"`devices`.*'tpu' is not a device"):
         GpuResource(devices=["tpu"]).validated()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hsx_dagster.core.devices import DeviceBusyError, candidate_devices, claim_device
+from hsx_dagster.core.extraction.devices import DeviceBusyError, candidate_devices, claim_device
 
 GPUS = ["cuda:0", "cuda:1"]
 
@@ -27,7 +27,9 @@ def test_two_runs_never_share_a_gpu(tmp_path):
     assert first.device == "cuda:1"  # the shard's own device first
     second = claim_device(GPUS, 1, owner="run B", lock_dir=tmp_path)
     assert second.device == "cuda:0"  # its own is taken: any free one
-    with pytest.raises(DeviceBusyError, match=r"no free device among cuda:1, cuda:0.*cuda:1: held by run A.*cuda:0: held by run B"):
+    with pytest.raises(
+        DeviceBusyError, match=r"no free device among cuda:1, cuda:0.*cuda:1: held by run A.*cuda:0: held by run B"
+    ):
         claim_device(GPUS, 1, owner="run C", lock_dir=tmp_path, wait_s=0)
     first.release()
     with claim_device(GPUS, 0, owner="run C", lock_dir=tmp_path) as third:
@@ -62,6 +64,9 @@ def test_a_killed_run_leaves_no_device_locked(tmp_path):
 
 
 def test_cpu_runs_share_the_cpu(tmp_path):
-    with claim_device(["cpu"], 0, owner="a", lock_dir=tmp_path) as a, claim_device(["cpu"], 0, owner="b", lock_dir=tmp_path) as b:
+    with (
+        claim_device(["cpu"], 0, owner="a", lock_dir=tmp_path) as a,
+        claim_device(["cpu"], 0, owner="b", lock_dir=tmp_path) as b,
+    ):
         assert a.device == b.device == "cpu"
     assert not list(tmp_path.iterdir())

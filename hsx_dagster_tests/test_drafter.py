@@ -13,12 +13,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hsx_dagster import DrafterDataset, collate_drafter_batch
-from hsx_dagster.core.checks import check_coverage, check_integrity, check_numerics, check_parity
-from hsx_dagster.core.drafter import assemble, split_of
-from hsx_dagster.core.reader import DatasetError
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.store import INDEX_FILE as SHARD_INDEX
-from hsx_dagster.core.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.dataset.assembly import assemble, split_of
+from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics, check_parity
+from hsx_dagster.core.dataset.reader import DatasetError
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE as SHARD_INDEX
 
 LAYERS = (1, 4, 7)  # 7 is the demo model's last layer: its raw output, not Hugging Face's normed one
 SHARDS = ("shard-00", "shard-01")
@@ -29,12 +29,25 @@ def dataset_root(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pipeline")
     tokenize_dataset([small_inputs], demo_model_dir, out / "tokenized", TokenizeOptions(shards=2, max_length=1024))
     for index, shard in enumerate(SHARDS):
-        run_shard(ShardJob(
-            shard=shard, shard_index=index, tokenized_dir=out / "tokenized", output_dir=out / "hidden_states" / shard,
-            model_path=demo_model_dir, layer_ids=LAYERS, include_final=True, devices=("cpu",),
-            storage_dtype="float32", batch_size=6, max_batch_tokens=4096, chunk_bytes=200_000,
-        ))
-    assemble(out / "tokenized", out / "hidden_states", SHARDS, out / "drafter", val_fraction=0.25, settings={"test": True})
+        run_shard(
+            ShardJob(
+                shard=shard,
+                shard_index=index,
+                tokenized_dir=out / "tokenized",
+                output_dir=out / "hidden_states" / shard,
+                model_path=demo_model_dir,
+                layer_ids=LAYERS,
+                include_final=True,
+                devices=("cpu",),
+                storage_dtype="float32",
+                batch_size=6,
+                max_batch_tokens=4096,
+                chunk_bytes=200_000,
+            )
+        )
+    assemble(
+        out / "tokenized", out / "hidden_states", SHARDS, out / "drafter", val_fraction=0.25, settings={"test": True}
+    )
     return out
 
 
@@ -50,7 +63,9 @@ def reference(model_dir: Path):
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     captured = {}
-    model.model.layers[7].register_forward_hook(lambda m, i, o: captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+    model.model.layers[7].register_forward_hook(
+        lambda m, i, o: captured.__setitem__("last", o[0] if isinstance(o, tuple) else o)
+    )
 
     def states(input_ids):
         with torch.inference_mode():
@@ -64,7 +79,11 @@ def reference(model_dir: Path):
 def test_every_sample_reads_back_equal_to_the_reference(dataset_root, demo_model_dir, small_inputs):
     ds = DrafterDataset(dataset_root / "drafter")
     assert len(ds) == 28 == ds.manifest["totals"]["samples"]
-    assert ds.manifest["layers"] == {"ids": list(LAYERS), "convention": ds.manifest["layers"]["convention"], "include_final": True}
+    assert ds.manifest["layers"] == {
+        "ids": list(LAYERS),
+        "convention": ds.manifest["layers"]["convention"],
+        "include_final": True,
+    }
     assert "hidden_states[i + 1]" in ds.manifest["layers"]["convention"]
     states = reference(demo_model_dir)
     ids = []
@@ -126,7 +145,7 @@ def rewrite_chunk(root: Path, shard: str, chunk: str, change) -> None:
 
     path = root / "hidden_states" / shard / chunk
     with safe_open(str(path), framework="pt") as handle:
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (safe_open is not a mapping)
         metadata = handle.metadata()
     change(tensors)
     save_file(tensors, str(path), metadata=metadata)
@@ -165,7 +184,9 @@ def test_flipped_byte_fails_integrity_naming_the_chunk(broken_copy):
     chunk.write_bytes(bytes(data))
     outcome = check_integrity(broken_copy / "drafter")
     assert not outcome.passed and f"{chunk}: checksum differs" in outcome.description
-    assert check_coverage(broken_copy / "drafter", broken_copy / "tokenized").passed  # ids untouched: only integrity sees it
+    assert check_coverage(
+        broken_copy / "drafter", broken_copy / "tokenized"
+    ).passed  # ids untouched: only integrity sees it
 
 
 def test_garbled_index_line_fails_integrity_naming_the_line(broken_copy):
@@ -198,7 +219,14 @@ def test_swapped_pair_fails_coverage_and_parity(broken_copy):
         ids[[0, 1]] = ids[[1, 0]]
 
     rewrite_chunk(broken_copy, "shard-00", name, swap_labels)
-    assemble(broken_copy / "tokenized", broken_copy / "hidden_states", SHARDS, broken_copy / "drafter", val_fraction=0.25, settings={})
+    assemble(
+        broken_copy / "tokenized",
+        broken_copy / "hidden_states",
+        SHARDS,
+        broken_copy / "drafter",
+        val_fraction=0.25,
+        settings={},
+    )
     assert check_integrity(broken_copy / "drafter").passed
     coverage = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
     assert not coverage.passed and "2 samples differ from the tokenized dataset" in coverage.description

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from hsx_dagster.core import extract as extract_module
-from hsx_dagster.core.backbone import Backbone
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.store import INDEX_FILE, StoreError, iter_shard_samples
-from hsx_dagster.core.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.extraction.backbone import Backbone
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
+from hsx_dagster.core.storage.shard_store import StoreError
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +29,17 @@ def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
 
 def make_job(tokenized: Path, out: Path, model: Path, layers, **overrides) -> ShardJob:
     settings = dict(
-        shard="shard-00", shard_index=0, tokenized_dir=tokenized, output_dir=out, model_path=model,
-        layer_ids=tuple(layers), devices=("cpu",), storage_dtype="float32", batch_size=8,
-        max_batch_tokens=4096, chunk_bytes=256 * 1024,
+        shard="shard-00",
+        shard_index=0,
+        tokenized_dir=tokenized,
+        output_dir=out,
+        model_path=model,
+        layer_ids=tuple(layers),
+        devices=("cpu",),
+        storage_dtype="float32",
+        batch_size=8,
+        max_batch_tokens=4096,
+        chunk_bytes=256 * 1024,
     )
     settings.update(overrides)
     return ShardJob(**settings)
@@ -65,10 +74,20 @@ def stored_samples(out: Path) -> dict[int, dict]:
 
 @pytest.mark.parametrize("model_name", ["dense", "hybrid"])
 @pytest.mark.parametrize("batch_size, max_batch_tokens", [(8, 4096), (28, 2048), (3, 100_000)])
-def test_stored_states_equal_a_per_sample_reference_fp32(model_name, batch_size, max_batch_tokens, tokenized, demo_model_dir, dense_model_dir, tmp_path):
+def test_stored_states_equal_a_per_sample_reference_fp32(
+    model_name, batch_size, max_batch_tokens, tokenized, demo_model_dir, dense_model_dir, tmp_path
+):
     model = dense_model_dir if model_name == "dense" else demo_model_dir
     layers = (0, 2, 3) if model_name == "dense" else (1, 3, 4)
-    job = make_job(tokenized, tmp_path / "out", model, layers, include_final=True, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+    job = make_job(
+        tokenized,
+        tmp_path / "out",
+        model,
+        layers,
+        include_final=True,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+    )
     result = run_shard(job)
     reference = reference_states(model, tokenized)
     table = read_tokenized_shard(tokenized, "shard-00")
@@ -122,7 +141,7 @@ def test_resume_after_a_crash_gives_the_same_content(tokenized, demo_model_dir, 
     out = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
-    index_lines = (out / INDEX_FILE).read_text().splitlines()
+    index_lines = (out / SHARD_INDEX_FILE).read_text().splitlines()
     assert len(index_lines) == 3  # the three finished batches were committed, one chunk each
     first_chunks = {line: (out / json.loads(line)["chunk"]).stat().st_mtime_ns for line in index_lines}
     assert not (out / "complete.json").exists()
@@ -130,7 +149,7 @@ def test_resume_after_a_crash_gives_the_same_content(tokenized, demo_model_dir, 
     monkeypatch.setattr(Backbone, "forward", original)
     result = run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
     assert result.report.samples_skipped == 12 and result.report.samples == 28 - 12
-    assert (out / INDEX_FILE).read_text().splitlines()[:3] == index_lines
+    assert (out / SHARD_INDEX_FILE).read_text().splitlines()[:3] == index_lines
     assert all((out / json.loads(line)["chunk"]).stat().st_mtime_ns == mtime for line, mtime in first_chunks.items())
     resumed = stored_samples(out)
     assert resumed.keys() == clean.keys()
@@ -153,7 +172,10 @@ def test_out_of_memory_splits_batches_and_loses_nothing(tokenized, demo_model_di
 
     monkeypatch.setattr(Backbone, "forward", small_device)
     messages = []
-    result = run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4), batch_size=16, max_batch_tokens=100_000), progress=messages.append)
+    result = run_shard(
+        make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4), batch_size=16, max_batch_tokens=100_000),
+        progress=messages.append,
+    )
     assert result.report.oom_splits > 0
     assert result.report.final_max_batch_tokens < 100_000
     assert any("out of memory" in m and "lowered max_batch_tokens" in m for m in messages)
@@ -167,7 +189,7 @@ def test_a_single_sample_too_large_fails_clearly(tokenized, demo_model_dir, tmp_
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(Backbone, "forward", no_memory)
-    with pytest.raises(RuntimeError, match="out of memory on a single sample of .* tokens; lower dataset.max_length"):
+    with pytest.raises(RuntimeError, match=r"out of memory on a single sample of .* tokens; lower dataset\.max_length"):
         run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1,)))
 
 
@@ -194,17 +216,19 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, demo_model_dir, 
     out = tmp_path / "out"
     run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
     clean = stored_samples(out)
-    lines = (out / INDEX_FILE).read_text().splitlines(keepends=True)
+    lines = (out / SHARD_INDEX_FILE).read_text().splitlines(keepends=True)
     last = json.loads(lines[-1])
     # Un-commit the last chunk: its file stays (orphan), its index line is torn in half.
-    (out / INDEX_FILE).write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    (out / SHARD_INDEX_FILE).write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
     (out / ".chunk-000099.safetensors.tmp-123").write_bytes(b"half a chunk")
     (out / "complete.json").unlink()
 
     result = run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
     assert result.report.samples == last["samples"]
     assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == []
-    assert (out / INDEX_FILE).read_text().endswith("\n") and len((out / INDEX_FILE).read_text().splitlines()) == len(lines)
+    assert (out / SHARD_INDEX_FILE).read_text().endswith("\n") and len(
+        (out / SHARD_INDEX_FILE).read_text().splitlines()
+    ) == len(lines)
     again = stored_samples(out)
     assert again.keys() == clean.keys()
     for sample_id in clean:
@@ -212,18 +236,17 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, demo_model_dir, 
 
 
 def test_two_runs_of_one_shard_never_both_write(tokenized, demo_model_dir, tmp_path):
-    from hsx_dagster.core.store import ShardStore
+    from hsx_dagster.core.storage.shard_store import ShardStore
 
-    with ShardStore(tmp_path / "out", {"a": 1}):
-        with pytest.raises(StoreError, match="being written by another run"):
-            ShardStore(tmp_path / "out", {"a": 1})
+    with ShardStore(tmp_path / "out", {"a": 1}), pytest.raises(StoreError, match="being written by another run"):
+        ShardStore(tmp_path / "out", {"a": 1})
     ShardStore(tmp_path / "out", {"a": 1}).close()  # released with its holder
 
 
 def test_flash_attention_without_the_package_is_a_clear_error(tokenized, demo_model_dir, tmp_path):
     import importlib.util
 
-    from hsx_dagster.core.backbone import BackboneError
+    from hsx_dagster.core.extraction.backbone import BackboneError
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash-attn is installed here")
@@ -243,28 +266,33 @@ def test_a_shard_run_killed_with_sigkill_leaves_no_lock_and_resumes(tokenized, d
     code = (
         "import sys; from pathlib import Path; from hsx_dagster.core.shard_run import ShardJob, run_shard;"
         f"a = {job!r};"
-        "run_shard(ShardJob(shard='shard-00', shard_index=0, tokenized_dir=Path(a['tokenized']), output_dir=Path(a['out']),"
+        "run_shard(ShardJob(shard='shard-00', shard_index=0, tokenized_dir=Path(a['tokenized']), "
+        "output_dir=Path(a['out']),"
         " model_path=Path(a['model']), layer_ids=(1, 4), devices=('cpu',), storage_dtype='float32', batch_size=1,"
         " max_batch_tokens=4096, chunk_bytes=1))"
     )
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not ((out / INDEX_FILE).is_file() and len((out / INDEX_FILE).read_text().splitlines()) >= 3):
+    while not ((out / SHARD_INDEX_FILE).is_file() and len((out / SHARD_INDEX_FILE).read_text().splitlines()) >= 3):
         assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    committed = len((out / INDEX_FILE).read_text().splitlines())
+    committed = len((out / SHARD_INDEX_FILE).read_text().splitlines())
     assert 3 <= committed < 28 and not (out / "complete.json").exists()
 
-    result = run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=1, chunk_bytes=1))  # the lock is free
+    result = run_shard(
+        make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=1, chunk_bytes=1)
+    )  # the lock is free
     assert result.report.samples_skipped >= 3 and result.totals["samples"] == 28
-    assert sorted(stored_samples(out)) == sorted(read_tokenized_shard(tokenized, "shard-00").column("sample_id").to_pylist())
+    assert sorted(stored_samples(out)) == sorted(
+        read_tokenized_shard(tokenized, "shard-00").column("sample_id").to_pylist()
+    )
     assert not [p for p in out.iterdir() if ".tmp" in p.name]
 
 
 def test_rerunning_a_complete_shard_loads_no_model(tokenized, demo_model_dir, tmp_path, monkeypatch):
-    from hsx_dagster.core import shard_run as shard_run_module
+    from hsx_dagster.core.extraction import shard_run as shard_run_module
 
     job = make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3))
     first = run_shard(job)

@@ -59,7 +59,8 @@ def test_missing_k8s_run_config_is_named(tmp_path, small_inputs, demo_model_dir)
 
     settings_file = tmp_path / "hsx.yaml"
     settings_file.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\nmodel:\n  path: {demo_model_dir}\noperations:\n  k8s_run_config: nope.yaml\n"
+        f"dataset:\n  paths: [{small_inputs}]\nmodel:\n  path: {demo_model_dir}\noperations:\n  k8s_run_config: "
+        "nope.yaml\n"
     )
-    with pytest.raises(SettingsError, match="key `operations.k8s_run_config`: file not found"):
+    with pytest.raises(SettingsError, match=r"key `operations\.k8s_run_config`: file not found"):
         load_settings(settings_file)

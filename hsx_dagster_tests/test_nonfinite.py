@@ -7,12 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsx_dagster.core.backbone import Backbone
-from hsx_dagster.core.checks import check_coverage
-from hsx_dagster.core.drafter import QUARANTINE_FILE, assemble
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.store import NonFiniteStatesError, iter_shard_samples, read_quarantine
-from hsx_dagster.core.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.dataset.assembly import assemble
+from hsx_dagster.core.dataset.checks import check_coverage
+from hsx_dagster.core.extraction.backbone import Backbone
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
+from hsx_dagster.core.storage.chunk_writer import NonFiniteStatesError
+from hsx_dagster.core.storage.format import DRAFTER_QUARANTINE_FILE
+from hsx_dagster.core.storage.shard_store import read_quarantine
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +47,37 @@ def poisoned(tokenized, monkeypatch) -> dict[int, str]:
 
 
 def job(tokenized: Path, out: Path, model: Path, **overrides) -> ShardJob:
-    return ShardJob(**{
-        **dict(shard="shard-00", shard_index=0, tokenized_dir=tokenized, output_dir=out, model_path=model,
-               layer_ids=(1, 4), devices=("cpu",), storage_dtype="bfloat16", batch_size=4, max_batch_tokens=4096,
-               chunk_bytes=50_000),
-        **overrides,
-    })
+    return ShardJob(
+        **{
+            **dict(
+                shard="shard-00",
+                shard_index=0,
+                tokenized_dir=tokenized,
+                output_dir=out,
+                model_path=model,
+                layer_ids=(1, 4),
+                devices=("cpu",),
+                storage_dtype="bfloat16",
+                batch_size=4,
+                max_batch_tokens=4096,
+                chunk_bytes=50_000,
+            ),
+            **overrides,
+        }
+    )
 
 
-def test_nan_fails_the_shard_naming_samples_and_layer_and_keeps_good_work(poisoned, tokenized, demo_model_dir, tmp_path):
+def test_nan_fails_the_shard_naming_samples_and_layer_and_keeps_good_work(
+    poisoned, tokenized, demo_model_dir, tmp_path
+):
     with pytest.raises(NonFiniteStatesError) as failed:
         run_shard(job(tokenized, tmp_path / "out", demo_model_dir))
     message = str(failed.value)
-    assert any(f"sample {bad}: NaN or Inf in 1 of" in message for bad in poisoned) and "(layer 4)" in message and "nan_policy: quarantine" in message
+    assert (
+        any(f"sample {bad}: NaN or Inf in 1 of" in message for bad in poisoned)
+        and "(layer 4)" in message
+        and "nan_policy: quarantine" in message
+    )
     stored = {s["sample_id"] for s in iter_shard_samples(tmp_path / "out")}
     assert stored and not stored & set(poisoned)  # what was fine before it is committed, nothing poisoned is
     assert not (tmp_path / "out" / "complete.json").exists()
@@ -76,7 +97,9 @@ def test_quarantine_sets_samples_aside_with_a_reason(storage_dtype, poisoned, to
     # a re-run neither redoes nor loses them; the dataset lists them and coverage accounts for them
     again = run_shard(job(tokenized, out, demo_model_dir, nan_policy="quarantine", storage_dtype=storage_dtype))
     assert again.report.samples == 0 and again.quarantined == 2
-    summary = assemble(tokenized, tmp_path / "hidden_states", ["shard-00"], tmp_path / "drafter", val_fraction=0.2, settings={})
-    assert summary.manifest["quarantined"] == {"samples": 2, "file": QUARANTINE_FILE} and summary.samples == 26
+    summary = assemble(
+        tokenized, tmp_path / "hidden_states", ["shard-00"], tmp_path / "drafter", val_fraction=0.2, settings={}
+    )
+    assert summary.manifest["quarantined"] == {"samples": 2, "file": DRAFTER_QUARANTINE_FILE} and summary.samples == 26
     coverage = check_coverage(tmp_path / "drafter", tokenized)
     assert coverage.passed and coverage.metadata["quarantined"] == 2, coverage.description

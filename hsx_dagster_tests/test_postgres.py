@@ -47,14 +47,33 @@ def postgres():
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     subprocess.run([*as_user, initdb, "-D", str(data), "-U", "hsx", "--auth=trust"], check=True, capture_output=True)
     subprocess.run(
-        [*as_user, pg_ctl, "-D", str(data), "-w", "-l", str(data.parent / "log"),
-         "-o", f"-h 127.0.0.1 -p {port} -k {data.parent}", "start"],
-        check=True, capture_output=True,
+        [
+            *as_user,
+            pg_ctl,
+            "-D",
+            str(data),
+            "-w",
+            "-l",
+            str(data.parent / "log"),
+            "-o",
+            f"-h 127.0.0.1 -p {port} -k {data.parent}",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
     )
     try:
-        subprocess.run([pg_binary("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "hsx", "dagster"], check=True)
-        yield {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(port), "DAGSTER_PG_USER": "hsx",
-               "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": "dagster"}
+        subprocess.run(
+            [pg_binary("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "hsx", "dagster"],
+            check=True,
+        )
+        yield {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(port),
+            "DAGSTER_PG_USER": "hsx",
+            "DAGSTER_PG_PASSWORD": "",
+            "DAGSTER_PG_DB": "dagster",
+        }
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
@@ -72,13 +91,26 @@ def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_pat
     env = {**os.environ, **postgres, "DAGSTER_HOME": str(home), "HSX_CONFIG": str(settings_file)}
     dagster = str(Path(sys.executable).with_name("dagster"))
     module = ["asset", "materialize", "-m", "hsx_dagster.definitions"]
-    first = subprocess.run([dagster, *module, "--select", "tokenized_dataset"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [dagster, *module, "--select", "tokenized_dataset"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     # The pool exists before the shards race to claim it (dagster-io/dagster#33552).
     assert "pool `gpu`: limit 8" in first.stderr
     shards = [
-        subprocess.Popen([dagster, *module, "--select", "hidden_states", "--partition", shard], cwd=REPO, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [dagster, *module, "--select", "hidden_states", "--partition", shard],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for shard in ("shard-00", "shard-01")
     ]
     for process in shards:
@@ -91,10 +123,19 @@ def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_pat
             assert "Postgres" in type(instance.run_storage).__name__
             settings = load_settings(settings_file)
             defs = build_definitions(settings)
-            statuses = instance.get_status_by_partition(AssetKey("hidden_states"), ["shard-00", "shard-01"], defs.resolve_assets_def("hidden_states").partitions_def)
-            assert statuses == {"shard-00": AssetPartitionStatus.MATERIALIZED, "shard-01": AssetPartitionStatus.MATERIALIZED}
+            statuses = instance.get_status_by_partition(
+                AssetKey("hidden_states"),
+                ["shard-00", "shard-01"],
+                defs.resolve_assets_def("hidden_states").partitions_def,
+            )
+            assert statuses == {
+                "shard-00": AssetPartitionStatus.MATERIALIZED,
+                "shard-01": AssetPartitionStatus.MATERIALIZED,
+            }
             schedule = defs.resolve_schedule_def("retry_failed_shards")
-            tick = schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+            tick = schedule.evaluate_tick(
+                build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
+            )
             assert tick.skip_message == "no failed hidden_states shard"
     finally:
         for key in postgres:
@@ -112,7 +153,11 @@ def production_instance(postgres, tmp_path, monkeypatch):
 
 
 def pool_rows(instance, pool):
-    return [(limit.limit, limit.from_default) for limit in instance.event_log_storage.get_pool_limits() if limit.name == pool]
+    return [
+        (limit.limit, limit.from_default)
+        for limit in instance.event_log_storage.get_pool_limits()
+        if limit.name == pool
+    ]
 
 
 def test_a_pool_is_prepared_once_when_processes_race_for_it(production_instance):

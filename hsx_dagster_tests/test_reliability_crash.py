@@ -20,10 +20,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core import store as store_module
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.store import COMPLETE_FILE, INDEX_FILE, LOCK_FILE, SHARD_FILE, StoreError, read_index
-from hsx_dagster.core.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.storage import atomic as atomic_module
+from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SHARD_FILE, SHARD_INDEX_FILE
+from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests import shard_child
 
 CHUNK_BYTES = 250_000  # about one batch of four samples: several chunks per shard
@@ -38,8 +39,17 @@ def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
 
 def job_for(tokenized: Path, out: Path, model: Path) -> dict:
     return dict(
-        shard="shard-00", shard_index=0, tokenized_dir=tokenized, output_dir=out, model_path=model, layer_ids=(1, 3),
-        devices=("cpu",), storage_dtype="bfloat16", batch_size=4, max_batch_tokens=4096, chunk_bytes=CHUNK_BYTES,
+        shard="shard-00",
+        shard_index=0,
+        tokenized_dir=tokenized,
+        output_dir=out,
+        model_path=model,
+        layer_ids=(1, 3),
+        devices=("cpu",),
+        storage_dtype="bfloat16",
+        batch_size=4,
+        max_batch_tokens=4096,
+        chunk_bytes=CHUNK_BYTES,
     )
 
 
@@ -76,8 +86,8 @@ def assert_clean_and_equal(out: Path, reference: dict) -> None:
     """The shard equals the uninterrupted one and holds nothing but committed work."""
     committed = {record.chunk for record in read_index(out)}
     names = {path.name for path in out.iterdir()}
-    assert names == committed | {INDEX_FILE, SHARD_FILE, COMPLETE_FILE, LOCK_FILE}, names
-    assert (out / INDEX_FILE).read_bytes().endswith(b"\n")
+    assert names == committed | {SHARD_INDEX_FILE, SHARD_FILE, COMPLETE_FILE, LOCK_FILE}, names
+    assert (out / SHARD_INDEX_FILE).read_bytes().endswith(b"\n")
     stored = stored_bytes(out)
     assert stored.keys() == reference.keys()
     for sample_id, tensors in reference.items():
@@ -116,7 +126,9 @@ KILLS = [
 
 
 @pytest.mark.parametrize("point, at", KILLS, ids=[point for point, _ in KILLS])
-def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(point, at, tokenized, demo_model_dir, reference, forkserver, tmp_path):
+def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(
+    point, at, tokenized, demo_model_dir, reference, forkserver, tmp_path
+):
     out = tmp_path / "shard-00"
     job = job_for(tokenized, out, demo_model_dir)
     child = forkserver.Process(target=shard_child.run_and_kill, args=(job, point, at))
@@ -125,7 +137,7 @@ def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(point, at, t
     assert child.exitcode == -signal.SIGKILL, f"the child was not killed at {point} #{at} (exit {child.exitcode})"
 
     # What the kill left behind is what each moment should leave.
-    lines = (out / INDEX_FILE).read_text().splitlines(keepends=True) if (out / INDEX_FILE).exists() else []
+    lines = (out / SHARD_INDEX_FILE).read_text().splitlines(keepends=True) if (out / SHARD_INDEX_FILE).exists() else []
     assert not (out / COMPLETE_FILE).exists()
     if point == "chunk_write":
         (temporary,) = out.glob(".chunk-000001.safetensors.tmp*")
@@ -151,7 +163,9 @@ def _disk_full() -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_disk_full_while_writing_a_chunk_is_named_and_leaves_nothing_half_written(tokenized, demo_model_dir, reference, tmp_path, monkeypatch):
+def test_disk_full_while_writing_a_chunk_is_named_and_leaves_nothing_half_written(
+    tokenized, demo_model_dir, reference, tmp_path, monkeypatch
+):
     out = tmp_path / "shard-00"
     job = job_for(tokenized, out, demo_model_dir)
     real_open = open
@@ -165,7 +179,7 @@ def test_disk_full_while_writing_a_chunk_is_named_and_leaves_nothing_half_writte
                 return shard_child.HalfWrittenFile(handle, _disk_full)
         return handle
 
-    monkeypatch.setattr(store_module, "open", open_on_a_filling_disk, raising=False)
+    monkeypatch.setattr(atomic_module, "open", open_on_a_filling_disk, raising=False)
     with one_thread(), pytest.raises(StoreError) as failure:
         run_shard(ShardJob(**job))
     message = str(failure.value)

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from hsx_dagster.core import tokenization
-from hsx_dagster.core.chat_template import TemplateError
-from hsx_dagster.core.conversations import InputFileError, RejectReason
-from hsx_dagster.core.settings import SettingsError, check_shard_key, load_settings
-from hsx_dagster.core.tokenization import (
+from hsx_dagster.core.inputs import tokenization
+from hsx_dagster.core.inputs.chat_template import TemplateError
+from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
+from hsx_dagster.core.inputs.tokenization import (
     TokenizedDataError,
     TokenizeOptions,
     read_rejects,
     read_tokenized_shard,
     tokenize_dataset,
 )
+from hsx_dagster.core.settings import SettingsError, check_shard_key, load_settings
 
 CORPUS = Path(__file__).parent / "data" / "bad_inputs"
 MAX_LENGTH = 64
@@ -42,25 +42,39 @@ class RecordCase:
 RECORD_CASES = [
     RecordCase("invalid_json.jsonl", RejectReason.INVALID_JSON, detail="Expecting"),
     RecordCase("top_level_array.jsonl", RejectReason.NOT_AN_OBJECT, detail="record is a list, not an object"),
-    RecordCase("missing_conversation.jsonl", RejectReason.MISSING_CONVERSATION, detail="neither 'conversations' nor 'messages'"),
-    RecordCase("conversation_not_a_list.json", RejectReason.MISSING_CONVERSATION, "item 0", "'conversations' is a str, not a list"),
+    RecordCase(
+        "missing_conversation.jsonl", RejectReason.MISSING_CONVERSATION, detail="neither 'conversations' nor 'messages'"
+    ),
+    RecordCase(
+        "conversation_not_a_list.json",
+        RejectReason.MISSING_CONVERSATION,
+        "item 0",
+        "'conversations' is a str, not a list",
+    ),
     RecordCase("message_not_an_object.jsonl", RejectReason.MALFORMED_MESSAGE, detail="messages[0] has no 'role'"),
     RecordCase("unknown_role.json", RejectReason.UNKNOWN_ROLE, "item 0", "conversations[1].from is 'bard'"),
-    RecordCase("non_string_content.jsonl", RejectReason.NON_TEXT_CONTENT, detail="messages[0].content is a int, not text"),
+    RecordCase(
+        "non_string_content.jsonl", RejectReason.NON_TEXT_CONTENT, detail="messages[0].content is a int, not text"
+    ),
     RecordCase("image_content.jsonl", RejectReason.NON_TEXT_CONTENT, detail="messages[0].content is a list, not text"),
     RecordCase("empty_conversation.jsonl", RejectReason.EMPTY_CONVERSATION, detail="'messages' is empty"),
     RecordCase("no_assistant_turn.jsonl", RejectReason.NO_ASSISTANT_TURN, detail="no assistant turn"),
     RecordCase("only_system_turns.jsonl", RejectReason.NO_ASSISTANT_TURN, detail="only system turns"),
     RecordCase("invalid_utf8.jsonl", RejectReason.INVALID_UTF8, detail="not UTF-8 at byte 46"),
-    RecordCase("lone_surrogate.jsonl", RejectReason.INVALID_UTF8, detail="messages[0].content holds '\\ud800' at character 4"),
+    RecordCase(
+        "lone_surrogate.jsonl", RejectReason.INVALID_UTF8, detail="messages[0].content holds '\\ud800' at character 4"
+    ),
     RecordCase("deep_nesting.jsonl", RejectReason.INVALID_JSON, detail="nested too deeply"),
     RecordCase("duplicate.jsonl", RejectReason.DUPLICATE, "line 2", "duplicate.jsonl line 1"),
     RecordCase("control_token.jsonl", RejectReason.CONTROL_TOKEN_IN_CONTENT, detail="'<|im_start|>'"),
     RecordCase(
-        "zero_loss_after_truncation.jsonl", RejectReason.TOO_FEW_LOSS_TOKENS,
+        "zero_loss_after_truncation.jsonl",
+        RejectReason.TOO_FEW_LOSS_TOKENS,
         detail="0 supervised tokens after truncation to max_length",
     ),
-    RecordCase("messages_not_a_list.parquet", RejectReason.MISSING_CONVERSATION, "row 0", "'messages' is a str, not a list"),
+    RecordCase(
+        "messages_not_a_list.parquet", RejectReason.MISSING_CONVERSATION, "row 0", "'messages' is a str, not a list"
+    ),
     RecordCase("huge_message.jsonl", RejectReason.TOO_FEW_LOSS_TOKENS, detail="after truncation to max_length"),
     RecordCase("byte_order_mark.jsonl", None),
 ]
@@ -71,7 +85,10 @@ def huge_message(tmp_path_factory) -> Path:
     """A single 1 MB user message: truncation leaves none of the reply, so it is rejected, quickly."""
     path = tmp_path_factory.mktemp("huge") / "huge_message.jsonl"
     question = "Please read all of this. " + "lorem ipsum dolor sit amet " * (2**20 // 27)
-    path.write_text(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "Done."}]}) + "\n")
+    path.write_text(
+        json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "Done."}]})
+        + "\n"
+    )
     assert path.stat().st_size > 2**20
     return path
 
@@ -105,7 +122,9 @@ def test_bad_record_becomes_a_reject_row_with_its_location_and_reason(case, corp
 def test_every_record_of_the_corpus_is_a_sample_or_a_reject(corpus_run):
     summary, rejects, samples = corpus_run
     for entry in summary.inputs:
-        rows = [r for r in rejects if r["source"] == entry["path"]] + [s for s in samples if s["source"] == entry["path"]]
+        rows = [r for r in rejects if r["source"] == entry["path"]] + [
+            s for s in samples if s["source"] == entry["path"]
+        ]
         assert len(rows) == entry["records"] == entry["samples"] + entry["rejects"], entry
         assert sorted(r["source_index"] for r in rows) == list(range(entry["records"]))  # each record once
     assert summary.samples == 2  # the first of the duplicates and the file with a byte-order mark
@@ -113,7 +132,10 @@ def test_every_record_of_the_corpus_is_a_sample_or_a_reject(corpus_run):
 
 FILE_CASES = [
     ("empty.jsonl", "the file is empty"),
-    ("wrong_schema.parquet", r"Parquet schema has no 'conversations' or 'messages' column \(columns: prompt, response\)"),
+    (
+        "wrong_schema.parquet",
+        r"Parquet schema has no 'conversations' or 'messages' column \(columns: prompt, response\)",
+    ),
     ("not_parquet.parquet", "not a readable Parquet file"),
     ("conversations.csv", r"unknown file type; use \.jsonl, \.json \(array or lines\) or \.parquet"),
     ("not_gzip.jsonl.gz", "not a readable gzip file"),
@@ -134,7 +156,10 @@ DAMAGED_FILES = [
     ("broken_array.json", "invalid JSON after item 0: .*the rest of the array cannot be read"),
     ("deep_array.json", "item 0 is nested too deeply to be a conversation"),
     ("single_pretty_object.json", "line 1 is not a whole JSON record.*JSON array of records or one record per line"),
-    ("truncated.jsonl.gz", r"the compressed file is truncated or corrupt \(after line \d+: .*replace it with a complete copy"),
+    (
+        "truncated.jsonl.gz",
+        r"the compressed file is truncated or corrupt \(after line \d+: .*replace it with a complete copy",
+    ),
 ]
 
 
@@ -166,8 +191,14 @@ def settings_text(extra: str = "", paths: str = "[in.jsonl]") -> str:
 def test_settings_problems_name_the_file_and_key_before_anything_loads(project):
     file = project / "hsx.yaml"
     cases = [
-        (settings_text(paths="[in.jsonl, ./in.jsonl]"), r"key `dataset.paths\[1\]`: .*in.jsonl is already listed as dataset.paths\[0\]"),
-        (settings_text("extraction:\n  on_mismatch: overwrite\n"), r"key `extraction.on_mismatch`: Input should be 'refuse' or 'start_over' \(got 'overwrite'\)"),
+        (
+            settings_text(paths="[in.jsonl, ./in.jsonl]"),
+            r"key `dataset.paths\[1\]`: .*in.jsonl is already listed as dataset.paths\[0\]",
+        ),
+        (
+            settings_text("extraction:\n  on_mismatch: overwrite\n"),
+            r"key `extraction.on_mismatch`: Input should be 'refuse' or 'start_over' \(got 'overwrite'\)",
+        ),
         (settings_text("extraction:\n  nan_polcy: fail\n"), r"key `extraction.nan_polcy`: unknown key"),
     ]
     for text, message in cases:
@@ -180,22 +211,33 @@ def test_settings_problems_name_the_file_and_key_before_anything_loads(project):
 def test_sharded_checkpoint_missing_a_weight_file_is_named(project):
     model = project / "model"
     (model / "model.safetensors").unlink()
-    weight_map = {"embed_tokens.weight": "model-00001-of-00002.safetensors", "norm.weight": "model-00002-of-00002.safetensors"}
+    weight_map = {
+        "embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "norm.weight": "model-00002-of-00002.safetensors",
+    }
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     (model / "model-00001-of-00002.safetensors").write_bytes(b"")
     (project / "hsx.yaml").write_text(settings_text())
-    with pytest.raises(SettingsError, match=r"key `model.path`: .* lacks weight files its index names: model-00002-of-00002.safetensors; finish downloading"):
+    with pytest.raises(
+        SettingsError,
+        match=r"key `model.path`: .* lacks weight files its index names: model-00002-of-00002.safetensors; "
+        r"finish downloading",
+    ):
         load_settings(project / "hsx.yaml")
 
-    from hsx_dagster.core.backbone import BackboneError, check_model_dir
+    from hsx_dagster.core.extraction.backbone import BackboneError, check_model_dir
 
-    with pytest.raises(BackboneError, match="weight files named by the checkpoint index are missing: model-00002-of-00002"):
+    with pytest.raises(
+        BackboneError, match="weight files named by the checkpoint index are missing: model-00002-of-00002"
+    ):
         check_model_dir(model)  # what a shard run checks before loading the model
 
 
 def test_model_directory_without_a_tokenizer_says_what_is_missing(project, tmp_path):
     (project / "model" / "tokenizer.json").unlink()
-    with pytest.raises(TemplateError, match=r"model: cannot load the tokenizer \(.*\); the model directory needs .*tokenizer.json"):
+    with pytest.raises(
+        TemplateError, match=r"model: cannot load the tokenizer \(.*\); the model directory needs .*tokenizer.json"
+    ):
         tokenize_dataset([project / "in.jsonl"], project / "model", tmp_path / "out", TokenizeOptions())
 
 
@@ -203,7 +245,9 @@ def test_a_folder_that_is_not_a_tokenized_dataset_is_never_replaced(project, dem
     target = project / "out" / "tokenized"
     target.mkdir(parents=True)
     (target / "my-notes.txt").write_text("not ours")
-    with pytest.raises(TokenizedDataError, match=f"{target} exists and is not a tokenized dataset.*refusing to replace it"):
+    with pytest.raises(
+        TokenizedDataError, match=f"{target} exists and is not a tokenized dataset.*refusing to replace it"
+    ):
         tokenize_dataset([project / "in.jsonl"], demo_model_dir, target, TokenizeOptions())
     assert (target / "my-notes.txt").read_text() == "not ours"
 
@@ -224,6 +268,7 @@ def test_a_partition_that_is_not_a_shard_names_the_shards_key(project):
     (project / "hsx.yaml").write_text(settings_text())
     settings = load_settings(project / "hsx.yaml")
     assert settings.shard_dir("shard-01") == project / "out" / "hidden_states" / "shard-01"
-    with pytest.raises(SettingsError, match=r"partition 'shard-02' is not one of the 2 shards of key `shards` \(shard-00 .. shard-01\)"):
+    with pytest.raises(
+        SettingsError, match=r"partition 'shard-02' is not one of the 2 shards of key `shards` \(shard-00 .. shard-01\)"
+    ):
         settings.shard_index("shard-02")
-

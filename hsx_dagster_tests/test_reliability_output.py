@@ -19,21 +19,30 @@ import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
 from hsx_dagster import DrafterDataset
-from hsx_dagster.core.checks import check_coverage, check_integrity
-from hsx_dagster.core.drafter import AssemblyError, assemble
-from hsx_dagster.core.reader import DatasetError
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.store import INDEX_FILE, StoreError, read_index
-from hsx_dagster.core.tokenization import TokenizedDataError, TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.dataset.assembly import AssemblyError, assemble
+from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
+from hsx_dagster.core.dataset.reader import DatasetError
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.inputs.tokenization import TokenizedDataError, TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
+from hsx_dagster.core.storage.shard_store import StoreError, read_index
 
 LAYERS = (1, 3)
 
 
 def job(root: Path, shard: str, model: Path, **overrides) -> ShardJob:
     settings = dict(
-        shard=shard, shard_index=int(shard[-2:]), tokenized_dir=root / "tokenized", output_dir=root / "hidden_states" / shard,
-        model_path=model, layer_ids=LAYERS, devices=("cpu",), storage_dtype="bfloat16", batch_size=8,
-        max_batch_tokens=4096, chunk_bytes=40_000,
+        shard=shard,
+        shard_index=int(shard[-2:]),
+        tokenized_dir=root / "tokenized",
+        output_dir=root / "hidden_states" / shard,
+        model_path=model,
+        layer_ids=LAYERS,
+        devices=("cpu",),
+        storage_dtype="bfloat16",
+        batch_size=8,
+        max_batch_tokens=4096,
+        chunk_bytes=40_000,
     )
     settings.update(overrides)
     return ShardJob(**settings)
@@ -59,7 +68,9 @@ def files_of(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
-def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_shard(few_inputs, demo_model_dir, tmp_path):
+def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_shard(
+    few_inputs, demo_model_dir, tmp_path
+):
     root = tmp_path
     tokenize(root, few_inputs, demo_model_dir, shards=1)
     first = run_shard(job(root, "shard-00", demo_model_dir))
@@ -89,10 +100,13 @@ def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_sha
 
     (folder / "notes.txt").write_text("the user's own file")  # start_over deletes only what the shard wrote
     logged: list[str] = []
-    redone = run_shard(job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"), progress=logged.append)
+    redone = run_shard(
+        job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"), progress=logged.append
+    )
     chunks = len(first.totals["chunks"])
     assert any(
-        f"deleted {chunks} chunks holding {first.totals['samples']} samples" in line and "storage_dtype" in line for line in logged
+        f"deleted {chunks} chunks holding {first.totals['samples']} samples" in line and "storage_dtype" in line
+        for line in logged
     ), logged
     assert redone.report.samples_skipped == 0 and redone.totals["samples"] == first.totals["samples"]
     assert json.loads((folder / "shard.json").read_text())["storage_dtype"] == "float32"
@@ -112,22 +126,38 @@ def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, t
 
     # `shards: 3` in the settings, tokenized_dataset not materialized again.
     with pytest.raises(AssemblyError, match=r"tokenized dataset in .* has 2 shards, the settings 3 \(key `shards`\)"):
-        assemble(root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={})
-    with pytest.raises(TokenizedDataError, match=r"shard-02.parquet not found: the tokenized dataset was made with 2 shards \(shard-00 .. shard-01\).*materialize tokenized_dataset again"):
+        assemble(
+            root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={}
+        )
+    with pytest.raises(
+        TokenizedDataError,
+        match=r"shard-02.parquet not found: the tokenized dataset was made with 2 shards \(shard-00 .. "
+        r"shard-01\).*materialize tokenized_dataset again",
+    ):
         run_shard(job(root, "shard-02", demo_model_dir))
     assert not (root / "hidden_states" / "shard-02").exists()  # refused before anything was written
 
     # Now re-tokenized into 3 shards: the old shards were made from other samples.
     tokenize(root, few_inputs, demo_model_dir, shards=3)
-    with pytest.raises(StoreError, match=r"tokenized_sha256: .*re-tokenized with other inputs, dataset settings or shard count.*on_mismatch: start_over"):
+    with pytest.raises(
+        StoreError,
+        match=r"tokenized_sha256: .*re-tokenized with other inputs, dataset settings or shard "
+        r"count.*on_mismatch: start_over",
+    ):
         run_shard(job(root, "shard-00", demo_model_dir))
-    with pytest.raises(AssemblyError, match=r"shard-00 \(stale\), shard-01 \(stale\), shard-02 \(missing\).*on_mismatch: start_over"):
-        assemble(root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={})
+    with pytest.raises(
+        AssemblyError, match=r"shard-00 \(stale\), shard-01 \(stale\), shard-02 \(missing\).*on_mismatch: start_over"
+    ):
+        assemble(
+            root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={}
+        )
 
     for shard in shard_keys(3):
         run_shard(job(root, shard, demo_model_dir, on_mismatch="start_over"))
     (root / "hidden_states" / "shard-07").mkdir()  # a leftover of some earlier, larger shard count
-    summary = assemble(root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={})
+    summary = assemble(
+        root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={}
+    )
     assert summary.ignored_folders == ["shard-07"]
     coverage = check_coverage(root / "drafter", root / "tokenized")
     assert coverage.passed, coverage.description  # every sample of the new tokenization, exactly once
@@ -151,12 +181,18 @@ def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_pat
 
     def extract(gpu_config: dict):
         return materialize(
-            [hidden_states], resources=resources, partition_key="shard-01", instance=instance, raise_on_error=False,
+            [hidden_states],
+            resources=resources,
+            partition_key="shard-01",
+            instance=instance,
+            raise_on_error=False,
             run_config={"resources": {"gpu": {"config": gpu_config}}} if gpu_config else None,
         )
 
     with instance_for_test() as instance:
-        assert materialize([tokenized_dataset, hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
+        assert materialize(
+            [tokenized_dataset, hidden_states], resources=resources, partition_key="shard-01", instance=instance
+        ).success
         refused = extract({"storage_dtype": "float32"})
         assert not refused.success
         error = refused.get_step_failure_events()[0].event_specific_data.error.to_string()
@@ -206,7 +242,9 @@ DAMAGE = [
 
 
 @pytest.mark.parametrize("damage, check_says, reader_says", DAMAGE, ids=[d[0].__name__.strip("_") for d in DAMAGE])
-def test_damaged_chunk_is_named_by_the_integrity_check_and_the_reader(damage, check_says, reader_says, assembled, tmp_path):
+def test_damaged_chunk_is_named_by_the_integrity_check_and_the_reader(
+    damage, check_says, reader_says, assembled, tmp_path
+):
     root = tmp_path / "copy"
     shutil.copytree(assembled, root)
     folder = root / "hidden_states" / "shard-00"
@@ -231,7 +269,7 @@ def test_damaged_chunk_is_named_by_the_integrity_check_and_the_reader(damage, ch
 def test_index_line_garbled_is_named_with_its_line(assembled, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(assembled, root)
-    index = root / "hidden_states" / "shard-00" / INDEX_FILE
+    index = root / "hidden_states" / "shard-00" / SHARD_INDEX_FILE
     lines = index.read_text().splitlines(keepends=True)
     index.write_text(lines[0] + "{not json\n" + "".join(lines[2:]))
     with pytest.raises(StoreError, match=f"{index}: line 2 is not JSON"):

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from hsx_dagster import DrafterDataset, collate_drafter_batch
-from hsx_dagster.core.checks import check_coverage, check_integrity
-from hsx_dagster.core.drafter import assemble
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.dataset.assembly import assemble
+from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 PICKLE_PROTOCOL_MARK = b"\x80"  # the first byte of every pickle since protocol 2
@@ -41,17 +41,44 @@ class _RefusingUnpickler:
 
 
 def test_nothing_on_the_data_path_unpickles(few_inputs, demo_model_dir, tmp_path, monkeypatch):
-    for owner, name in [(pickle, "load"), (pickle, "loads"), (torch, "load"), (torch.serialization, "load"), (np, "load")]:
+    for owner, name in [
+        (pickle, "load"),
+        (pickle, "loads"),
+        (torch, "load"),
+        (torch.serialization, "load"),
+        (np, "load"),
+    ]:
         monkeypatch.setattr(owner, name, _refuse)
     monkeypatch.setattr(pickle, "Unpickler", _RefusingUnpickler)
 
-    summary = tokenize_dataset([few_inputs], demo_model_dir, tmp_path / "tokenized", TokenizeOptions(shards=1, max_length=64))
-    run_shard(ShardJob(
-        shard="shard-00", shard_index=0, tokenized_dir=tmp_path / "tokenized", output_dir=tmp_path / "hidden_states" / "shard-00",
-        model_path=demo_model_dir, layer_ids=(1, 3), devices=("cpu",), batch_size=2, chunk_bytes=20_000,
-    ))
-    assemble(tmp_path / "tokenized", tmp_path / "hidden_states", ["shard-00"], tmp_path / "drafter", val_fraction=0.1, settings={})
-    assert check_integrity(tmp_path / "drafter").passed and check_coverage(tmp_path / "drafter", tmp_path / "tokenized").passed
+    summary = tokenize_dataset(
+        [few_inputs], demo_model_dir, tmp_path / "tokenized", TokenizeOptions(shards=1, max_length=64)
+    )
+    run_shard(
+        ShardJob(
+            shard="shard-00",
+            shard_index=0,
+            tokenized_dir=tmp_path / "tokenized",
+            output_dir=tmp_path / "hidden_states" / "shard-00",
+            model_path=demo_model_dir,
+            layer_ids=(1, 3),
+            devices=("cpu",),
+            batch_size=2,
+            chunk_bytes=20_000,
+        )
+    )
+    assemble(
+        tmp_path / "tokenized",
+        tmp_path / "hidden_states",
+        ["shard-00"],
+        tmp_path / "drafter",
+        val_fraction=0.1,
+        settings={},
+    )
+    assert (
+        check_integrity(tmp_path / "drafter").passed
+        and check_coverage(tmp_path / "drafter", tmp_path / "tokenized").passed
+    )
 
     dataset = DrafterDataset(tmp_path / "drafter")
     # Forked DataLoader workers inherit the refusing pickle: they read the chunks without it too.
@@ -90,20 +117,25 @@ def loaded_by_transformers(monkeypatch) -> list[tuple[str, object]]:
     return calls
 
 
-@pytest.mark.parametrize("setting, expected", [("", False), ("  trust_remote_code: true\n", True)], ids=["unset", "true"])
-def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(setting, expected, few_inputs, demo_model_dir, tmp_path, loaded_by_transformers):
+@pytest.mark.parametrize(
+    "setting, expected", [("", False), ("  trust_remote_code: true\n", True)], ids=["unset", "true"]
+)
+def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
+    setting, expected, few_inputs, demo_model_dir, tmp_path, loaded_by_transformers
+):
     from dagster import instance_for_test, materialize
 
     from hsx_dagster.assets.hidden_states import build_hidden_states
     from hsx_dagster.assets.tokenized import tokenized_dataset
-    from hsx_dagster.core.checks import check_parity
+    from hsx_dagster.core.dataset.checks import check_parity
     from hsx_dagster.core.settings import load_settings
     from hsx_dagster.partitions import shard_partitions
     from hsx_dagster.resources import GpuResource, HsxSettings
 
     settings_file = tmp_path / "hsx.yaml"
     settings_file.write_text(
-        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, 3]\n{setting}"
+        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, "
+        f"3]\n{setting}"
         "shards: 1\noutput_dir: out\nextraction:\n  devices: [cpu]\n"
     )
     settings = load_settings(settings_file)
@@ -111,7 +143,9 @@ def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(setting, exp
     resources = {"settings": HsxSettings(path=str(settings_file)), "gpu": GpuResource.from_settings(settings)}
     hidden_states = build_hidden_states(shard_partitions(settings))
     with instance_for_test() as instance:
-        assert materialize([tokenized_dataset, hidden_states], resources=resources, partition_key="shard-00", instance=instance).success
+        assert materialize(
+            [tokenized_dataset, hidden_states], resources=resources, partition_key="shard-00", instance=instance
+        ).success
     out = tmp_path / "out"
     assemble(out / "tokenized", out / "hidden_states", ["shard-00"], out / "drafter", val_fraction=0.1, settings={})
     check_parity(out / "drafter", out / "tokenized", samples=1, trust_remote_code=settings.model.trust_remote_code)

@@ -5,7 +5,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dagster import AssetsDefinition, DagsterInstance, RunRequest, build_schedule_context, instance_for_test, materialize
+from dagster import (
+    AssetsDefinition,
+    DagsterInstance,
+    RunRequest,
+    build_schedule_context,
+    instance_for_test,
+    materialize,
+)
 
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
@@ -46,23 +53,36 @@ def pipeline(failing_shard_settings):
     hidden_states = build_hidden_states(shard_partitions(settings))
     resources = {"settings": HsxSettings(path=str(failing_shard_settings)), "gpu": GpuResource.from_settings(settings)}
     with instance_for_test(overrides={"concurrency": {"pools": {"default_limit": 2}}}) as instance:
+
         def tick():
-            return schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+            return schedule.evaluate_tick(
+                build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
+            )
 
         assert tick().skip_message == "no failed hidden_states shard"
         assert materialize([tokenized_dataset], resources=resources, instance=instance).success
         assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
-        yield Pipeline(instance, hidden_states, resources, failing_shard_settings.parent / "out" / "hidden_states", tick)
+        yield Pipeline(
+            instance, hidden_states, resources, failing_shard_settings.parent / "out" / "hidden_states", tick
+        )
 
 
 def test_retries_only_the_failed_shard_within_its_budget(pipeline):
     def run_shard_00(**tags):
-        return materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key="shard-00",
-                           instance=pipeline.instance, tags=tags, raise_on_error=False)
+        return materialize(
+            [pipeline.hidden_states],
+            resources=pipeline.resources,
+            partition_key="shard-00",
+            instance=pipeline.instance,
+            tags=tags,
+            raise_on_error=False,
+        )
 
     # shard-00's folder holds states made by another model: every run of it refuses to mix.
     (pipeline.out / "shard-00").mkdir(parents=True)
-    (pipeline.out / "shard-00" / "shard.json").write_text('{"format": "hsx-hidden-states", "config_sha256": "another model"}')
+    (pipeline.out / "shard-00" / "shard.json").write_text(
+        '{"format": "hsx-hidden-states", "config_sha256": "another model"}'
+    )
     assert not run_shard_00().success
 
     (request,) = pipeline.tick().run_requests
@@ -79,8 +99,13 @@ def test_retries_only_the_failed_shard_within_its_budget(pipeline):
 def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
     good_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (pipeline.out / "shard-01").iterdir()}
     (pipeline.out / "shard-00").write_text("not a folder")  # an unusable output path: the run fails
-    failed = materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key="shard-00",
-                         instance=pipeline.instance, raise_on_error=False)
+    failed = materialize(
+        [pipeline.hidden_states],
+        resources=pipeline.resources,
+        partition_key="shard-00",
+        instance=pipeline.instance,
+        raise_on_error=False,
+    )
     assert not failed.success
 
     pipeline.instance.event_log_storage.delete_concurrency_limit("gpu")  # say, removed in the UI
@@ -89,8 +114,13 @@ def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
     # set up again before the retried shards start together (hsx_dagster/pools.py)
     assert [(p.name, p.limit) for p in pipeline.instance.event_log_storage.get_pool_limits()] == [("gpu", 2)]
     (pipeline.out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds
-    rerun = materialize([pipeline.hidden_states], resources=pipeline.resources, partition_key=request.partition_key,
-                        tags=request.tags, instance=pipeline.instance)
+    rerun = materialize(
+        [pipeline.hidden_states],
+        resources=pipeline.resources,
+        partition_key=request.partition_key,
+        tags=request.tags,
+        instance=pipeline.instance,
+    )
     assert rerun.success
     assert pipeline.tick().skip_message == "no failed hidden_states shard"
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (pipeline.out / "shard-01").iterdir()} == good_files

@@ -97,10 +97,10 @@ def test_layer_ids_out_of_range_named_before_weights(project):
 
 
 def test_model_directory_problems(project):
-    with pytest.raises(SettingsError, match="key `model.path`: model directory not found"):
+    with pytest.raises(SettingsError, match=r"key `model\.path`: model directory not found"):
         load_settings(write(project, BASE.replace("path: model", "path: missing")))
     (project / "model" / "model.safetensors").unlink()
-    with pytest.raises(SettingsError, match="key `model.path`: .* holds no weights"):
+    with pytest.raises(SettingsError, match=r"key `model\.path`: .* holds no weights"):
         load_settings(write(project, BASE))
 
 
@@ -123,4 +123,7 @@ def test_shard_keys_widen_past_100():
 def test_retry_cron_is_checked(project):
     with pytest.raises(SettingsError, match=r"key `operations.retry_cron`: .*five fields.*'every 15 minutes'"):
         load_settings(write(project, BASE + "operations:\n  retry_cron: every 15 minutes\n"))
-    assert load_settings(write(project, BASE + "operations:\n  retry_cron: '0 */2 * * mon-fri'\n")).operations.max_retries == 3
+    assert (
+        load_settings(write(project, BASE + "operations:\n  retry_cron: '0 */2 * * mon-fri'\n")).operations.max_retries
+        == 3
+    )

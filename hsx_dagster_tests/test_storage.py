@@ -8,16 +8,18 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core import shard_run as shard_run_module
-from hsx_dagster.core import size_estimate
-from hsx_dagster.core.checks import check_coverage, check_integrity, check_numerics, check_parity
-from hsx_dagster.core.drafter import assemble
-from hsx_dagster.core.quantization import FP8_DTYPE, FP8_MAX, block_size_for, dequantize, quantize
-from hsx_dagster.core.reader import DrafterDataset, collate_drafter_batch
-from hsx_dagster.core.shard_run import ShardJob, run_shard
-from hsx_dagster.core.size_estimate import InsufficientDiskError, StoredShape, estimate_bytes
-from hsx_dagster.core.store import STORAGE_DTYPES, StoreError, iter_shard_samples
-from hsx_dagster.core.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.dataset.assembly import assemble
+from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics, check_parity
+from hsx_dagster.core.dataset.reader import DrafterDataset, collate_drafter_batch
+from hsx_dagster.core.extraction import shard_run as shard_run_module
+from hsx_dagster.core.extraction import size_estimate
+from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.extraction.size_estimate import InsufficientDiskError, StoredShape, estimate_bytes
+from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
+from hsx_dagster.core.storage.format import STORAGE_DTYPES
+from hsx_dagster.core.storage.quantization import FP8_DTYPE, FP8_MAX, block_size_for, dequantize, quantize
+from hsx_dagster.core.storage.shard_store import StoreError
 
 LAYERS = (1, 4, 7)
 
@@ -43,7 +45,9 @@ def test_fp8_round_trip_error_and_exact_power_of_two_scales():
     errors = relative_errors(dequantize(quantized, scales, torch.float32), states)
     assert errors.median() < 0.03 and errors.quantile(0.99) < 0.035
     # e4m3 values fit bfloat16's mantissa and the scales are powers of two: bf16 de-quantisation is exact
-    assert torch.equal(dequantize(quantized, scales, torch.bfloat16).float(), dequantize(quantized, scales, torch.float32))
+    assert torch.equal(
+        dequantize(quantized, scales, torch.bfloat16).float(), dequantize(quantized, scales, torch.float32)
+    )
 
 
 def test_fp8_edges_zeros_extremes_and_no_saturation_to_nan():
@@ -86,8 +90,17 @@ def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
 
 def make_job(tokenized: Path, out: Path, model: Path, storage_dtype: str, **overrides) -> ShardJob:
     settings = dict(
-        shard="shard-00", shard_index=0, tokenized_dir=tokenized, output_dir=out, model_path=model, layer_ids=LAYERS,
-        include_final=True, devices=("cpu",), storage_dtype=storage_dtype, batch_size=8, max_batch_tokens=4096,
+        shard="shard-00",
+        shard_index=0,
+        tokenized_dir=tokenized,
+        output_dir=out,
+        model_path=model,
+        layer_ids=LAYERS,
+        include_final=True,
+        devices=("cpu",),
+        storage_dtype=storage_dtype,
+        batch_size=8,
+        max_batch_tokens=4096,
         chunk_bytes=300_000,
     )
     return ShardJob(**{**settings, **overrides})
@@ -100,7 +113,14 @@ def runs(tokenized, demo_model_dir, tmp_path_factory) -> dict[str, Path]:
     folders = {}
     for dtype in STORAGE_DTYPES:
         run_shard(make_job(tokenized, root / dtype / "hidden_states" / "shard-00", demo_model_dir, dtype))
-        assemble(tokenized, root / dtype / "hidden_states", ["shard-00"], root / dtype / "drafter", val_fraction=0.2, settings={})
+        assemble(
+            tokenized,
+            root / dtype / "hidden_states",
+            ["shard-00"],
+            root / dtype / "drafter",
+            val_fraction=0.2,
+            settings={},
+        )
         folders[dtype] = root / dtype
     return folders
 
@@ -152,9 +172,14 @@ def test_reader_dequantises_casts_and_hands_out_raw_fp8(runs):
     assert sample["hidden_states"].dtype == torch.bfloat16 and precise["hidden_states"].dtype == torch.float32
     assert torch.equal(sample["hidden_states"].float(), precise["hidden_states"])  # bf16 de-quantisation is exact
     assert stored["hidden_states"].dtype == FP8_DTYPE and stored["hidden_states_scales"].dtype == torch.bfloat16
-    assert torch.equal(dequantize(stored["hidden_states"], stored["hidden_states_scales"], torch.float32), precise["hidden_states"])
+    assert torch.equal(
+        dequantize(stored["hidden_states"], stored["hidden_states_scales"], torch.float32), precise["hidden_states"]
+    )
     batch = collate_drafter_batch([raw[0], raw[1], raw[2]])
-    assert batch["hidden_states"].dtype == FP8_DTYPE and batch["hidden_states_scales"].shape[:2] == batch["input_ids"].shape
+    assert (
+        batch["hidden_states"].dtype == FP8_DTYPE
+        and batch["hidden_states_scales"].shape[:2] == batch["input_ids"].shape
+    )
     plain = DrafterDataset(runs["bfloat16"] / "drafter", dtype=torch.float32)
     assert plain.manifest["quantization"] is None and plain[0]["hidden_states"].dtype == torch.float32
 
@@ -178,7 +203,9 @@ def test_mixing_storage_dtypes_under_one_output_is_refused(runs, tokenized, demo
 
 
 @pytest.mark.parametrize("include_final", [True, False])
-def test_estimate_matches_the_bytes_written_within_one_percent(include_final, runs, tokenized, demo_model_dir, tmp_path):
+def test_estimate_matches_the_bytes_written_within_one_percent(
+    include_final, runs, tokenized, demo_model_dir, tmp_path
+):
     table = read_tokenized_shard(tokenized, "shard-00", columns=["num_tokens"])
     tokens, samples = int(table.column("num_tokens").to_numpy().sum()), table.num_rows
     shape = StoredShape.of_model(demo_model_dir, LAYERS, include_final)
@@ -193,7 +220,9 @@ def test_estimate_matches_the_bytes_written_within_one_percent(include_final, ru
         assert abs(estimate / written - 1) < 0.01, (dtype, estimate, written)
     # at a real model's width (Qwen3.6-27B-like: 5 layers of 5120), fp8 is just over half of bf16
     wide = StoredShape(layers=5, hidden_size=5120)
-    ratio = estimate_bytes(10**6, 3000, wide, "float8_e4m3", 2**28) / estimate_bytes(10**6, 3000, wide, "bfloat16", 2**28)
+    ratio = estimate_bytes(10**6, 3000, wide, "float8_e4m3", 2**28) / estimate_bytes(
+        10**6, 3000, wide, "bfloat16", 2**28
+    )
     assert 0.5 < ratio <= 0.51
 
 

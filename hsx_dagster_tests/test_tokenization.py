@@ -2,13 +2,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
-from hsx_dagster.core import tokenization
-from hsx_dagster.core.chat_template import TemplateError
-from hsx_dagster.core.conversations import InputFileError, RejectReason
-from hsx_dagster.core.tokenization import (
+from hsx_dagster.core.inputs import tokenization
+from hsx_dagster.core.inputs.chat_template import TemplateError
+from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
+from hsx_dagster.core.inputs.tokenization import (
     SAMPLE_SCHEMA,
     TokenizedSummary,
     TokenizeOptions,
@@ -55,10 +54,18 @@ def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_
     rejects = read_rejects(out).to_pylist()
     by_reason = {r["reason"]: r for r in rejects}
     expected = {
-        RejectReason.INVALID_JSON, RejectReason.INVALID_UTF8, RejectReason.NOT_AN_OBJECT,
-        RejectReason.MISSING_CONVERSATION, RejectReason.MALFORMED_MESSAGE, RejectReason.UNKNOWN_ROLE,
-        RejectReason.NON_TEXT_CONTENT, RejectReason.EMPTY_CONVERSATION, RejectReason.NO_ASSISTANT_TURN,
-        RejectReason.DUPLICATE, RejectReason.CONTROL_TOKEN_IN_CONTENT, RejectReason.TOO_FEW_LOSS_TOKENS,
+        RejectReason.INVALID_JSON,
+        RejectReason.INVALID_UTF8,
+        RejectReason.NOT_AN_OBJECT,
+        RejectReason.MISSING_CONVERSATION,
+        RejectReason.MALFORMED_MESSAGE,
+        RejectReason.UNKNOWN_ROLE,
+        RejectReason.NON_TEXT_CONTENT,
+        RejectReason.EMPTY_CONVERSATION,
+        RejectReason.NO_ASSISTANT_TURN,
+        RejectReason.DUPLICATE,
+        RejectReason.CONTROL_TOKEN_IN_CONTENT,
+        RejectReason.TOO_FEW_LOSS_TOKENS,
     }
     assert set(by_reason) == expected and len(rejects) == len(bad)
     assert by_reason[RejectReason.DUPLICATE]["location"] == "line 30"
@@ -161,7 +168,9 @@ def test_truncation_and_thinking_policy(demo_paths, demo_model_dir, tmp_path):
     assert max(table.column("num_tokens").to_pylist()) <= 256
     assert short.truncated > 0
     keep = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "k", TokenizeOptions(shards=1))
-    excluded = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "e", TokenizeOptions(shards=1, thinking="exclude_from_loss"))
+    excluded = tokenize_dataset(
+        demo_paths, demo_model_dir, tmp_path / "e", TokenizeOptions(shards=1, thinking="exclude_from_loss")
+    )
     stripped = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "x", TokenizeOptions(shards=1, thinking="strip"))
     assert excluded.tokens == keep.tokens and excluded.loss_tokens < keep.loss_tokens
     assert stripped.tokens < keep.tokens

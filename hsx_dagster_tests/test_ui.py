@@ -30,7 +30,11 @@ def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path)
     webserver = str(Path(sys.executable).with_name("dagster-webserver"))
     process = subprocess.Popen(
         [webserver, "-h", "127.0.0.1", "-p", str(port), "-m", "hsx_dagster.definitions"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -38,7 +42,8 @@ def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path)
             assert process.poll() is None, process.stderr.read()[-3000:]
             try:
                 request = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": QUERY}).encode(),
+                    f"http://127.0.0.1:{port}/graphql",
+                    data=json.dumps({"query": QUERY}).encode(),
                     headers={"Content-Type": "application/json"},
                 )
                 with urllib.request.urlopen(request, timeout=10) as response:
@@ -54,6 +59,11 @@ def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path)
     assert set(nodes) == {"tokenized_dataset", "hidden_states", "drafter_dataset"}
     assert nodes["hidden_states"]["partitionKeys"] == ["shard-00", "shard-01", "shard-02"]
     checks = {c["name"]: c["blocking"] for c in nodes["drafter_dataset"]["assetChecksOrError"]["checks"]}
-    assert checks == {"drafter_coverage": True, "drafter_integrity": True, "drafter_numerics": True, "drafter_parity": True}
+    assert checks == {
+        "drafter_coverage": True,
+        "drafter_integrity": True,
+        "drafter_numerics": True,
+        "drafter_parity": True,
+    }
     schedules = [s for repo in data["repositoriesOrError"]["nodes"] for s in repo["schedules"]]
     assert [(s["name"], s["cronSchedule"]) for s in schedules] == [("retry_failed_shards", "*/15 * * * *")]

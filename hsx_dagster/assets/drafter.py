@@ -17,10 +17,10 @@ from dagster import (
     asset_check,
 )
 
-from hsx_dagster.core.checks import CheckOutcome, check_coverage, check_integrity, check_numerics, check_parity
-from hsx_dagster.core.drafter import assemble
-from hsx_dagster.core.devices import candidate_devices, claim_device
-from hsx_dagster.core.shard_run import visible_gpus
+from hsx_dagster.core.dataset.assembly import assemble
+from hsx_dagster.core.dataset.checks import CheckOutcome, check_coverage, check_integrity, check_numerics, check_parity
+from hsx_dagster.core.extraction.devices import candidate_devices, claim_device
+from hsx_dagster.core.extraction.shard_run import visible_gpus
 from hsx_dagster.resources import GpuResource, HsxSettings
 
 HOW_TO_LOAD = """```python
@@ -82,37 +82,58 @@ def _result(outcome: CheckOutcome) -> AssetCheckResult:
         passed=outcome.passed,
         severity=AssetCheckSeverity.ERROR,
         description=outcome.description,
-        metadata={key: MetadataValue.json(value) if isinstance(value, (dict, list)) else value for key, value in outcome.metadata.items()},
+        metadata={
+            key: MetadataValue.json(value) if isinstance(value, (dict, list)) else value
+            for key, value in outcome.metadata.items()
+        },
     )
 
 
-@asset_check(asset=drafter_dataset, blocking=True, description="Every tokenized sample appears exactly once "
-             "across shards, with the same input_ids and loss_mask, at the place the index says.")
+@asset_check(
+    asset=drafter_dataset,
+    blocking=True,
+    description="Every tokenized sample appears exactly once "
+    "across shards, with the same input_ids and loss_mask, at the place the index says.",
+)
 def drafter_coverage(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
     loaded = settings.load()
     return _result(check_coverage(loaded.drafter_dir, loaded.tokenized_dir))
 
 
-@asset_check(asset=drafter_dataset, blocking=True, description="Every chunk's sha256 still matches the one "
-             "recorded at write time; shapes, dtypes and layer count match the manifest.")
+@asset_check(
+    asset=drafter_dataset,
+    blocking=True,
+    description="Every chunk's sha256 still matches the one "
+    "recorded at write time; shapes, dtypes and layer count match the manifest.",
+)
 def drafter_integrity(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
     return _result(check_integrity(settings.load().drafter_dir))
 
 
-@asset_check(asset=drafter_dataset, blocking=True, description="No NaN or Inf anywhere; per-layer mean and "
-             "std; a layer of zeros fails, an outlying scale is reported.")
+@asset_check(
+    asset=drafter_dataset,
+    blocking=True,
+    description="No NaN or Inf anywhere; per-layer mean and "
+    "std; a layer of zeros fails, an outlying scale is reported.",
+)
 def drafter_numerics(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
     return _result(check_numerics(settings.load().drafter_dir))
 
 
-@asset_check(asset=drafter_dataset, blocking=True, description="Random samples re-extracted one at a time by "
-             "an independent reference forward pass match the stored tensors within the storage dtype's tolerance.")
+@asset_check(
+    asset=drafter_dataset,
+    blocking=True,
+    description="Random samples re-extracted one at a time by "
+    "an independent reference forward pass match the stored tensors within the storage dtype's tolerance.",
+)
 def drafter_parity(context: AssetCheckExecutionContext, settings: HsxSettings, gpu: GpuResource) -> AssetCheckResult:
     loaded = settings.load()
     extraction = gpu.validated()
     candidates = candidate_devices(extraction.devices, visible_gpus())
     owner = f"run {context.run.run_id[:8]} (drafter_parity)"
-    with claim_device(candidates, 0, owner=owner, lock_dir=extraction.device_lock_dir, wait_s=extraction.device_wait_s) as claim:
+    with claim_device(
+        candidates, 0, owner=owner, lock_dir=extraction.device_lock_dir, wait_s=extraction.device_wait_s
+    ) as claim:
         outcome = check_parity(
             loaded.drafter_dir,
             loaded.tokenized_dir,

@@ -4,9 +4,16 @@ Thin over `hsx_dagster.core.shard_run`: settings and the `gpu` resource in, a sh
 core engine, the run's figures back as materialization metadata.
 """
 
-from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, StaticPartitionsDefinition, multi_asset
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    MaterializeResult,
+    MetadataValue,
+    StaticPartitionsDefinition,
+    multi_asset,
+)
 
-from hsx_dagster.core.shard_run import ShardJob, ShardResult, run_shard
+from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
 from hsx_dagster.pools import GPU_POOL
 from hsx_dagster.resources import GpuResource, HsxSettings
 
@@ -29,7 +36,9 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         op_tags={"hsx/role": "extraction"},
         pool=GPU_POOL,  # cap concurrent extraction steps with `dagster instance concurrency set gpu <number of GPUs>`
     )
-    def extract_hidden_states(context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings) -> MaterializeResult:
+    def extract_hidden_states(
+        context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings
+    ) -> MaterializeResult:
         loaded = settings.load()
         extraction = gpu.validated()
         shard = context.partition_key
@@ -85,7 +94,9 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "device": report.device,
         "layers": MetadataValue.json(list(job.layer_ids)),
         "include_final": job.include_final,
-        "decoder_layers_loaded": f"{info.kept_layers} of {info.num_layers}" if info else "none (nothing left to extract)",
+        "decoder_layers_loaded": f"{info.kept_layers} of {info.num_layers}"
+        if info
+        else "none (nothing left to extract)",
         "compute_dtype": result.compute_dtype,
         "storage_dtype": job.storage_dtype,
         "attn_implementation": info.attn_implementation if info else job.attn_implementation,

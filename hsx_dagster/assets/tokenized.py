@@ -4,7 +4,6 @@ Thin over `hsx_dagster.core.tokenization`: it loads the settings, calls the core
 it produced as materialization metadata. The asset check reads the files back.
 """
 
-
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from hsx_dagster.core.size_estimate import StoredShape, estimate_by_dtype, format_bytes
-from hsx_dagster.core.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
+from hsx_dagster.core.inputs.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
 from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings
 
@@ -42,7 +41,9 @@ class TokenizeConfig(Config):
     description="Conversations rendered with the target's chat template, tokenised, with assistant-only "
     "loss masks, balanced into shards by tokens; every rejected input recorded with a reason.",
 )
-def tokenized_dataset(context: AssetExecutionContext, config: TokenizeConfig, settings: HsxSettings) -> MaterializeResult:
+def tokenized_dataset(
+    context: AssetExecutionContext, config: TokenizeConfig, settings: HsxSettings
+) -> MaterializeResult:
     loaded = settings.load()
     dataset = loaded.dataset
     thinking = config.thinking or dataset.thinking
@@ -56,7 +57,9 @@ def tokenized_dataset(context: AssetExecutionContext, config: TokenizeConfig, se
         trust_remote_code=loaded.model.trust_remote_code,
     )
     context.log.info(f"settings {loaded.source}: {len(dataset.paths)} input files, {loaded.shards} shards")
-    summary = tokenize_dataset(dataset.paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info)
+    summary = tokenize_dataset(
+        dataset.paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info
+    )
     shape = StoredShape.of_model(loaded.model.path, loaded.layer_ids, loaded.model.include_final)
     estimate = estimate_by_dtype(summary.shards, shape, int(loaded.extraction.chunk_mb * 2**20))
     context.log.info(
@@ -64,7 +67,9 @@ def tokenized_dataset(context: AssetExecutionContext, config: TokenizeConfig, se
         f"({loaded.extraction.storage_dtype}; {shape.layers} vectors of {shape.hidden_size} per token)"
     )
     prepare_pool(context.instance, context.log)  # before shards start together (see hsx_dagster/pools.py)
-    return MaterializeResult(metadata={**tokenized_metadata(summary, loaded.tokenized_dir), **estimate_metadata(estimate)})
+    return MaterializeResult(
+        metadata={**tokenized_metadata(summary, loaded.tokenized_dir), **estimate_metadata(estimate)}
+    )
 
 
 def tokenized_metadata(summary: TokenizedSummary, tokenized_dir: Path) -> dict:
@@ -95,7 +100,9 @@ def estimate_metadata(estimate: dict[str, dict[str, int]]) -> dict:
     """Disk the hidden states will take, per storage dtype (a number each, to plot) and per shard."""
     shards = list(next(iter(estimate.values())))
     rows = ["| shard | " + " | ".join(estimate) + " |", "|---|" + "---:|" * len(estimate)]
-    rows += [f"| {shard} | " + " | ".join(format_bytes(estimate[d][shard]) for d in estimate) + " |" for shard in shards]
+    rows += [
+        f"| {shard} | " + " | ".join(format_bytes(estimate[d][shard]) for d in estimate) + " |" for shard in shards
+    ]
     rows += ["| **total** | " + " | ".join(f"**{format_bytes(sum(estimate[d].values()))}**" for d in estimate) + " |"]
     return {
         **{f"estimated_bytes_{dtype}": sum(by_shard.values()) for dtype, by_shard in estimate.items()},
@@ -118,8 +125,12 @@ def histogram_table(histogram: list[dict]) -> str:
     return "\n".join(rows)
 
 
-@asset_check(asset=tokenized_dataset, blocking=True, description="Re-reads the written shards: counts, "
-             "unique sample ids, masks aligned with ids, loss tokens present, shard column consistent.")
+@asset_check(
+    asset=tokenized_dataset,
+    blocking=True,
+    description="Re-reads the written shards: counts, "
+    "unique sample ids, masks aligned with ids, loss tokens present, shard column consistent.",
+)
 def tokenized_dataset_consistent(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
     loaded = settings.load()
     summary = TokenizedSummary.read(loaded.tokenized_dir)
@@ -143,7 +154,9 @@ def tokenized_dataset_consistent(context: AssetCheckExecutionContext, settings: 
             problems.append(f"{file.name}: sample ids seen twice: {duplicates[:5]}")
         lengths = table.column("input_ids").combine_chunks().value_lengths().to_numpy()
         mask_lengths = table.column("loss_mask").combine_chunks().value_lengths().to_numpy()
-        if not np.array_equal(lengths, mask_lengths) or not np.array_equal(lengths, table.column("num_tokens").to_numpy()):
+        if not np.array_equal(lengths, mask_lengths) or not np.array_equal(
+            lengths, table.column("num_tokens").to_numpy()
+        ):
             problems.append(f"{file.name}: input_ids, loss_mask and num_tokens disagree in length")
         if np.any(table.column("num_loss_tokens").to_numpy() < summary.options["min_loss_tokens"]):
             problems.append(f"{file.name}: samples with fewer than min_loss_tokens supervised tokens")
@@ -155,4 +168,3 @@ def tokenized_dataset_consistent(context: AssetCheckExecutionContext, settings: 
         description="; ".join(problems) or "all shards consistent",
         metadata={"rows": total, "problems": MetadataValue.json(problems[:20]) if problems else MetadataValue.json([])},
     )
-

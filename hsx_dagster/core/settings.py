@@ -93,8 +93,9 @@ class ExtractionSettings(_Section):
         "bfloat16", description="float8_e4m3: block-scaled fp8, half of bfloat16's bytes, about 2.4% error per token"
     )
     nan_policy: Literal["fail", "quarantine"] = Field(
-        "fail", description="NaN/Inf in a sample's states: fail the shard naming the samples, or set them aside "
-        "in quarantine.jsonl and go on"
+        "fail",
+        description="NaN/Inf in a sample's states: fail the shard naming the samples, or set them aside "
+        "in quarantine.jsonl and go on",
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
@@ -107,8 +108,9 @@ class ExtractionSettings(_Section):
         Path("/tmp/hsx-dagster-device-locks"), description="Per-host folder of GPU claims (one run per GPU)"
     )
     on_mismatch: Literal["refuse", "start_over"] = Field(
-        "refuse", description="A shard folder made with another model, layers, dtype or tokenized input: refuse "
-        "to mix, or start_over (delete that shard's states and redo it)"
+        "refuse",
+        description="A shard folder made with another model, layers, dtype or tokenized input: refuse "
+        "to mix, or start_over (delete that shard's states and redo it)",
     )
 
     @field_validator("devices", mode="before")
@@ -131,7 +133,9 @@ class ExtractionSettings(_Section):
 
 
 class DrafterSettings(_Section):
-    val_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="Share of samples in the validation split (by sample id)")
+    val_fraction: float = Field(
+        0.02, ge=0.0, lt=1.0, description="Share of samples in the validation split (by sample id)"
+    )
     parity_samples: int = Field(8, ge=0, description="Samples the parity check re-extracts one at a time")
     parity_seed: int = Field(0, description="Which samples the parity check picks")
 
@@ -218,7 +222,8 @@ class Settings(BaseSettings):
         if key not in self.shard_keys:
             check_shard_key(key)
             raise SettingsError(
-                f"{self._source or 'settings'}: partition {key!r} is not one of the {self.shards} shards of key `shards` "
+                f"{self._source or 'settings'}: partition {key!r} is not one of the {self.shards} shards of key "
+                "`shards` "
                 f"({self.shard_keys[0]} .. {self.shard_keys[-1]})"
             )
         return self.shard_keys.index(key)
@@ -241,7 +246,9 @@ def shard_keys(count: int) -> list[str]:
 def check_shard_key(key: str) -> str:
     """Shard keys name files and folders under output_dir: anything but shard-NN could escape it."""
     if not isinstance(key, str) or not SHARD_KEY.fullmatch(key):
-        raise SettingsError(f"{key!r} is not a shard key (shard-00, shard-01, ...); shard keys name folders under output_dir")
+        raise SettingsError(
+            f"{key!r} is not a shard key (shard-00, shard-01, ...); shard keys name folders under output_dir"
+        )
     return key
 
 
@@ -302,7 +309,10 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, check_files: bo
             ),
             "model": settings.model.model_copy(update={"path": _resolve(base, settings.model.path)}),
             "operations": settings.operations.model_copy(
-                update={"k8s_run_config": settings.operations.k8s_run_config and _resolve(base, settings.operations.k8s_run_config)}
+                update={
+                    "k8s_run_config": settings.operations.k8s_run_config
+                    and _resolve(base, settings.operations.k8s_run_config)
+                }
             ),
         }
     )

@@ -27,36 +27,24 @@ import pyarrow.parquet as pq
 from safetensors import safe_open
 
 from hsx_dagster import __version__
+from hsx_dagster.core.extraction.size_estimate import StoredShape
+from hsx_dagster.core.inputs.tokenization import TokenizedSummary, read_tokenized_shard, tokenized_shard_keys
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.quantization import FP8_DTYPE, scale_layout
-from hsx_dagster.core.size_estimate import StoredShape
-from hsx_dagster.core.store import (
+from hsx_dagster.core.storage.atomic import write_atomic
+from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
+    DRAFTER_FORMAT,
+    DRAFTER_INDEX_FILE,
+    DRAFTER_INDEX_SCHEMA,
+    DRAFTER_QUARANTINE_FILE,
+    DRAFTER_QUARANTINE_SCHEMA,
+    DRAFTER_VERSION,
+    MANIFEST_FILE,
     SHARD_FILE,
     STORAGE_DTYPES,
-    read_index,
-    read_quarantine,
-    totals_of,
-    write_atomic,
 )
-from hsx_dagster.core.tokenization import TokenizedSummary, read_tokenized_shard, tokenized_shard_keys
-
-MANIFEST_FILE = "manifest.json"
-INDEX_FILE = "index.parquet"
-QUARANTINE_FILE = "quarantine.parquet"
-QUARANTINE_SCHEMA = pa.schema([("sample_id", pa.int64()), ("shard", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
-MANIFEST_VERSION = 1
-INDEX_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.int64()),
-        ("shard", pa.string()),
-        ("chunk", pa.string()),
-        ("position", pa.int32()),
-        ("num_tokens", pa.int32()),
-        ("num_loss_tokens", pa.int32()),
-        ("split", pa.string()),
-    ]
-)
+from hsx_dagster.core.storage.quantization import FP8_DTYPE, scale_layout
+from hsx_dagster.core.storage.shard_store import read_index, read_quarantine, totals_of
 
 
 class AssemblyError(RuntimeError):
@@ -83,7 +71,7 @@ def split_of(sample_id: int, val_fraction: float) -> str:
 
 def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path) -> dict[str, str]:
     """'complete', 'missing', 'incomplete' or 'stale' (made from another tokenized dataset) per shard."""
-    from hsx_dagster.core.shard_run import tokenized_digest
+    from hsx_dagster.core.extraction.shard_run import tokenized_digest
 
     status = {}
     for shard in shard_keys:
@@ -123,28 +111,42 @@ def assemble(
         stale = (
             "; a stale shard was extracted from an earlier tokenized dataset: re-run it with "
             "extraction.on_mismatch: start_over"
-            if "stale" in not_ready.values() else ""
+            if "stale" in not_ready.values()
+            else ""
         )
-        raise AssemblyError(f"cannot assemble the drafter dataset: shards not ready: {listed}; materialize them first{stale}")
+        raise AssemblyError(
+            f"cannot assemble the drafter dataset: shards not ready: {listed}; materialize them first{stale}"
+        )
     ignored = sorted(
         path.name for path in Path(hidden_states_dir).iterdir() if path.is_dir() and path.name not in shard_keys
     )
 
     provenances = {s: json.loads((hidden_states_dir / s / SHARD_FILE).read_text(encoding="utf-8")) for s in shard_keys}
-    shared_keys = ("config_sha256", "weights_index_sha256", "layer_ids", "include_final", "storage_dtype", "compute_dtype")
+    shared_keys = (
+        "config_sha256",
+        "weights_index_sha256",
+        "layer_ids",
+        "include_final",
+        "storage_dtype",
+        "compute_dtype",
+    )
     first = provenances[shard_keys[0]]
     for shard, provenance in provenances.items():
         differing = [k for k in shared_keys if provenance.get(k) != first.get(k)]
         if differing:
-            raise AssemblyError(f"{shard} was made differently from {shard_keys[0]} ({', '.join(differing)}); re-run it")
+            raise AssemblyError(
+                f"{shard} was made differently from {shard_keys[0]} ({', '.join(differing)}); re-run it"
+            )
 
-    columns: dict[str, list] = {name: [] for name in INDEX_SCHEMA.names}
-    quarantined: dict[str, list] = {name: [] for name in QUARANTINE_SCHEMA.names}
+    columns: dict[str, list] = {name: [] for name in DRAFTER_INDEX_SCHEMA.names}
+    quarantined: dict[str, list] = {name: [] for name in DRAFTER_QUARANTINE_SCHEMA.names}
     shard_stats, hidden_size = [], None
     for shard in shard_keys:
         folder = hidden_states_dir / shard
         tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "num_loss_tokens"])
-        loss_tokens = dict(zip(tokenized.column("sample_id").to_pylist(), tokenized.column("num_loss_tokens").to_pylist()))
+        loss_tokens = dict(
+            zip(tokenized.column("sample_id").to_pylist(), tokenized.column("num_loss_tokens").to_pylist())
+        )
         records = read_index(folder)
         for record in records:
             with safe_open(str(folder / record.chunk), framework="pt") as chunk:
@@ -160,20 +162,25 @@ def assemble(
                 columns["split"].append(split_of(sample_id, val_fraction))
         set_aside = read_quarantine(folder)
         for entry in set_aside:
-            for name, value in (("sample_id", entry.sample_id), ("shard", shard), ("reason", entry.reason), ("detail", entry.detail)):
+            for name, value in (
+                ("sample_id", entry.sample_id),
+                ("shard", shard),
+                ("reason", entry.reason),
+                ("detail", entry.detail),
+            ):
                 quarantined[name].append(value)
         totals = totals_of(records)
         shard_stats.append({"shard": shard, **totals, "chunks": len(totals["chunks"]), "quarantined": len(set_aside)})
     total_bytes = sum(s["bytes"] for s in shard_stats)
 
-    table = pa.table(columns, schema=INDEX_SCHEMA).sort_by("sample_id")
+    table = pa.table(columns, schema=DRAFTER_INDEX_SCHEMA).sort_by("sample_id")
     out_dir.mkdir(parents=True, exist_ok=True)
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer)
-    write_atomic(out_dir / INDEX_FILE, buffer.getvalue().to_pybytes())
+    write_atomic(out_dir / DRAFTER_INDEX_FILE, buffer.getvalue().to_pybytes())
     buffer = pa.BufferOutputStream()
-    pq.write_table(pa.table(quarantined, schema=QUARANTINE_SCHEMA), buffer)
-    write_atomic(out_dir / QUARANTINE_FILE, buffer.getvalue().to_pybytes())
+    pq.write_table(pa.table(quarantined, schema=DRAFTER_QUARANTINE_SCHEMA), buffer)
+    write_atomic(out_dir / DRAFTER_QUARANTINE_FILE, buffer.getvalue().to_pybytes())
 
     tokenized = TokenizedSummary.read(tokenized_dir)
     model_path = Path(first["model_path"])
@@ -182,15 +189,17 @@ def assemble(
     tokenizer_file = model_path / "tokenizer.json"
     splits = table.column("split").to_pylist()
     manifest = {
-        "format": "hsx-drafter-dataset",
-        "format_version": MANIFEST_VERSION,
+        "format": DRAFTER_FORMAT,
+        "format_version": DRAFTER_VERSION,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hsx_version": __version__,
         "model": {
             "path": str(model_path),
             "config_sha256": first["config_sha256"],
             "weights_index_sha256": first["weights_index_sha256"],
-            "tokenizer_sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest() if tokenizer_file.is_file() else None,
+            "tokenizer_sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()
+            if tokenizer_file.is_file()
+            else None,
             "chat_template_sha256_16": tokenized.tokenizer["chat_template_sha256_16"],
         },
         "layers": {"ids": first["layer_ids"], "convention": LAYER_CONVENTION, "include_final": first["include_final"]},
@@ -200,11 +209,11 @@ def assemble(
         # null for bfloat16/float16/float32; for fp8 how to de-quantise without this package
         "quantization": scale_layout(hidden_size) if STORAGE_DTYPES[first["storage_dtype"]] == FP8_DTYPE else None,
         "totals": {"samples": table.num_rows, "tokens": sum(s["tokens"] for s in shard_stats), "bytes": total_bytes},
-        "quarantined": {"samples": len(quarantined["sample_id"]), "file": QUARANTINE_FILE},
+        "quarantined": {"samples": len(quarantined["sample_id"]), "file": DRAFTER_QUARANTINE_FILE},
         "splits": {"val_fraction": val_fraction, "train": splits.count("train"), "val": splits.count("val")},
         "shards": shard_stats,
         "settings": settings,
-        "index": INDEX_FILE,
+        "index": DRAFTER_INDEX_FILE,
         "chunks_root": "..",  # chunk paths in the index are relative to this (the output folder)
     }
     write_atomic(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
@@ -218,4 +227,3 @@ def assemble(
         manifest=manifest,
         ignored_folders=ignored,
     )
-

@@ -26,12 +26,12 @@ import math
 
 import torch
 
-FP8_DTYPE = torch.float8_e4m3fn
+from hsx_dagster.core.storage.format import FP8_DTYPE, SCALES_SUFFIX
+
 FP8_MAX = 448.0  # the largest finite e4m3fn value; casting beyond it does not saturate, hence the clamp
 SCALE_DTYPE = torch.bfloat16
 BLOCK_SIZE = 128
 MIN_SCALE_EXPONENT = -126  # the smallest normal float32 / bfloat16 power of two
-SCALES_SUFFIX = "_scales"
 
 
 def block_size_for(hidden_size: int, preferred: int = BLOCK_SIZE) -> int:
@@ -77,7 +77,8 @@ def scale_layout(hidden_size: int) -> dict:
         "block_size": block,
         "scale_dtype": str(SCALE_DTYPE).removeprefix("torch."),
         "scale_tensor_suffix": SCALES_SUFFIX,
-        "scale_shape": f"[tokens, layers, {hidden_size // block}] (hidden_states), [tokens, {hidden_size // block}] (final_hidden_states)",
+        "scale_shape": f"[tokens, layers, {hidden_size // block}] (hidden_states), "
+        f"[tokens, {hidden_size // block}] (final_hidden_states)",
         "dequantize": "value = float(q) * scale[..., channel // block_size]; scales are powers of two",
     }
 

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import torch
 from safetensors import SafetensorError, safe_open
 
-from hsx_dagster.core.drafter import INDEX_FILE, MANIFEST_FILE
-from hsx_dagster.core.store import read_sample
+from hsx_dagster.core.storage.chunk_reader import read_sample
+from hsx_dagster.core.storage.format import DRAFTER_INDEX_FILE, MANIFEST_FILE
 
 
 class DatasetError(RuntimeError):
@@ -39,7 +39,12 @@ class DrafterDataset(torch.utils.data.Dataset):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], split: str | None = None, *, dtype: torch.dtype | None = None, raw: bool = False
+        self,
+        path: str | os.PathLike[str],
+        split: str | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        raw: bool = False,
     ) -> None:
         self.path = Path(path)
         manifest_file = self.path / MANIFEST_FILE
@@ -48,7 +53,7 @@ class DrafterDataset(torch.utils.data.Dataset):
         self.manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         if split not in (None, "train", "val"):
             raise ValueError(f"split must be 'train', 'val' or None, not {split!r}")
-        table = pq.read_table(self.path / self.manifest.get("index", INDEX_FILE))
+        table = pq.read_table(self.path / self.manifest.get("index", DRAFTER_INDEX_FILE))
         if split is not None:
             table = table.filter(pc.equal(table.column("split"), split))
         self.split = split
@@ -86,9 +91,14 @@ class DrafterDataset(torch.utils.data.Dataset):
             )
         start, end = offsets[position], offsets[position + 1]
         try:
-            sample = {"sample_id": self._sample_ids[index], **read_sample(chunk, start, end, dtype=self.dtype, raw=self.raw)}
+            sample = {
+                "sample_id": self._sample_ids[index],
+                **read_sample(chunk, start, end, dtype=self.dtype, raw=self.raw),
+            }
         except (SafetensorError, RuntimeError, ValueError) as exc:
-            raise DatasetError(f"{self._root / chunk_name}: cannot read sample {self._sample_ids[index]}: {exc}") from None
+            raise DatasetError(
+                f"{self._root / chunk_name}: cannot read sample {self._sample_ids[index]}: {exc}"
+            ) from None
         return sample
 
     def _chunk(self, name: str):
@@ -96,7 +106,10 @@ class DrafterDataset(torch.utils.data.Dataset):
             self._open, self._pid = {}, os.getpid()
         if name not in self._open:
             if Path(name).is_absolute() or ".." in Path(name).parts:  # the index names files under the dataset only
-                raise DatasetError(f"{self.path / self.manifest.get('index', INDEX_FILE)}: chunk path {name!r} leaves the dataset")
+                raise DatasetError(
+                    f"{self.path / self.manifest.get('index', DRAFTER_INDEX_FILE)}: chunk path {name!r} leaves "
+                    "the dataset"
+                )
             path = self._root / name
             try:
                 handle = safe_open(str(path), framework="pt")
@@ -105,7 +118,9 @@ class DrafterDataset(torch.utils.data.Dataset):
             except FileNotFoundError:
                 raise DatasetError(f"{path}: chunk file is missing") from None
             except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-                raise DatasetError(f"{path}: not a readable safetensors chunk (truncated or corrupted?): {exc}") from None
+                raise DatasetError(
+                    f"{path}: not a readable safetensors chunk (truncated or corrupted?): {exc}"
+                ) from None
             self._open[name] = (handle, offsets, sample_ids)
         return self._open[name]
 

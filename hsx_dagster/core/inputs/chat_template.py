@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hsx_dagster.core.conversations import Conversation, Message, RejectReason
+from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _PROBE_USER = "hsxprobeuserturn"
@@ -60,13 +60,15 @@ class TemplateMarkers:
             bare = tokenizer.apply_chat_template(user, tokenize=False)
             prompted = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
             full = tokenizer.apply_chat_template(
-                user + [{"role": "assistant", "content": _PROBE_ASSISTANT}], tokenize=False
+                [*user, {"role": "assistant", "content": _PROBE_ASSISTANT}], tokenize=False
             )
         except Exception as exc:  # jinja errors surface as several types
             raise TemplateError(f"{name}: chat template failed on a two-turn probe conversation: {exc}") from None
         header = prompted[len(bare) :] if prompted.startswith(bare) else ""
         if not header:
-            raise TemplateError(f"{name}: the chat template adds no generation prompt, so assistant turns cannot be located")
+            raise TemplateError(
+                f"{name}: the chat template adds no generation prompt, so assistant turns cannot be located"
+            )
         reply_at = full.find(_PROBE_ASSISTANT)
         if reply_at < 0 or full.rfind(header, 0, reply_at) < 0:
             raise TemplateError(
@@ -129,7 +131,10 @@ def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thin
                     f"message {position} ({message.role}) contains the chat-template control text {control!r}",
                 )
     chat = [
-        {"role": m.role, "content": strip_reasoning(m.content) if thinking == "strip" and m.role == "assistant" else m.content}
+        {
+            "role": m.role,
+            "content": strip_reasoning(m.content) if thinking == "strip" and m.role == "assistant" else m.content,
+        }
         for m in messages
     ]
     try:

@@ -98,7 +98,9 @@ def check_model_dir(model_path: Path) -> None:
 
     missing = missing_weight_files(model_path)
     if missing:
-        raise BackboneError(f"{model_path}: weight files named by the checkpoint index are missing: {', '.join(missing[:5])}")
+        raise BackboneError(
+            f"{model_path}: weight files named by the checkpoint index are missing: {', '.join(missing[:5])}"
+        )
 
 
 def load_backbone(
@@ -118,7 +120,9 @@ def load_backbone(
     model_path = Path(model_path)
     check_model_dir(model_path)
     if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        raise BackboneError("extraction.attn_implementation is flash_attention_2 but flash-attn is not installed; use sdpa")
+        raise BackboneError(
+            "extraction.attn_implementation is flash_attention_2 but flash-attn is not installed; use sdpa"
+        )
     config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
     text_config = getattr(config, "text_config", None) or config
     num_layers = text_config.num_hidden_layers

@@ -157,8 +157,7 @@ def iter_records(path: Path) -> Iterator[Conversation | Reject]:
     except _COMPRESSION_ERRORS as exc:
         where = f"after {location}" if location else "before its first record"
         raise InputFileError(
-            f"{path}: the compressed file is truncated or corrupt ({where}: {exc}); "
-            "replace it with a complete copy"
+            f"{path}: the compressed file is truncated or corrupt ({where}: {exc}); replace it with a complete copy"
         ) from None
     except pa.ArrowException as exc:
         where = f"after {location}" if location else "in its first row group"
@@ -371,7 +370,9 @@ def _peek(path: Path) -> bytes | None:
         with _open_binary(path) as handle:
             return _first_significant_byte(handle)
     except EOFError as exc:
-        raise InputFileError(f"{path}: the compressed file is truncated ({exc}); replace it with a complete copy") from None
+        raise InputFileError(
+            f"{path}: the compressed file is truncated ({exc}); replace it with a complete copy"
+        ) from None
     except _COMPRESSION_ERRORS as exc:
         raise InputFileError(f"{path}: not a readable gzip file ({exc}); is it really compressed?") from None
 

@@ -82,7 +82,7 @@ def claim_device(
     deadline = time.monotonic() + wait_s
     while True:
         for device in order:
-            handle = open(lock_dir / f"{device.replace(':', '-')}.lock", "a+")
+            handle = open(lock_dir / f"{device.replace(':', '-')}.lock", "a+")  # noqa: SIM115 (held for the claim's lifetime)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -90,7 +90,9 @@ def claim_device(
                 continue
             handle.seek(0)
             handle.truncate()
-            handle.write(json.dumps({"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+            handle.write(
+                json.dumps({"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+            )
             handle.flush()
             return DeviceClaim(device, handle)
         if time.monotonic() >= deadline:

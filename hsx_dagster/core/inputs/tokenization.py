@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hsx_dagster.core.chat_template import (
+from hsx_dagster.core.inputs.chat_template import (
     SampleRejected,
     TemplateError,
     TemplateMarkers,
@@ -40,38 +40,24 @@ from hsx_dagster.core.chat_template import (
     template_fingerprint,
     tokenize_rendered,
 )
-from hsx_dagster.core.conversations import Conversation, Reject, RejectReason, check_input_file, iter_records
+from hsx_dagster.core.inputs.conversations import Conversation, Reject, RejectReason, check_input_file, iter_records
+from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, shard_loads
 from hsx_dagster.core.settings import check_shard_key, shard_keys
-from hsx_dagster.core.sharding import assign_shards, imbalance, shard_loads
+from hsx_dagster.core.storage.format import (
+    REJECT_SCHEMA,
+    SAMPLE_SCHEMA,
+    TOKENIZED_REJECTS_FILE,
+    TOKENIZED_SAMPLES_DIR,
+    TOKENIZED_SUMMARY_FILE,
+    TOKENIZED_VERSION,
+    tokenized_shard_file,
+)
 
-FORMAT_VERSION = 1
 BATCH_CONVERSATIONS = 512
 WRITE_ROWS = 4096
 HISTOGRAM_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
-SAMPLE_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.int64()),
-        ("source", pa.string()),
-        ("source_index", pa.int64()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.uint8())),
-        ("num_tokens", pa.int32()),
-        ("num_loss_tokens", pa.int32()),
-        ("shard", pa.string()),
-    ]
-)
 _STAGING_SCHEMA = pa.schema([f for f in SAMPLE_SCHEMA if f.name != "shard"])
-REJECT_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),
-        ("source_index", pa.int64()),
-        ("location", pa.string()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-    ]
-)
-
 log = logging.getLogger(__name__)
 
 
@@ -112,7 +98,7 @@ class TokenizedSummary:
 
     @classmethod
     def read(cls, tokenized_dir: Path) -> TokenizedSummary:
-        return cls(**json.loads((tokenized_dir / "summary.json").read_text(encoding="utf-8")))
+        return cls(**json.loads((tokenized_dir / TOKENIZED_SUMMARY_FILE).read_text(encoding="utf-8")))
 
     @property
     def rejected(self) -> int:
@@ -133,7 +119,9 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool = False):
             advice = "the model directory needs the model's tokenizer files (tokenizer.json, tokenizer_config.json)"
         raise TemplateError(f"{model_path}: cannot load the tokenizer ({first_line}); {advice}") from exc
     if not getattr(tokenizer, "is_fast", False):
-        raise TemplateError(f"{model_path}: the tokenizer is not a fast tokenizer (no tokenizer.json); offsets are needed")
+        raise TemplateError(
+            f"{model_path}: the tokenizer is not a fast tokenizer (no tokenizer.json); offsets are needed"
+        )
     return tokenizer
 
 
@@ -156,19 +144,28 @@ def tokenize_dataset(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(out_dir)
     staging_dir = out_dir.with_name(f"{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
-    (staging_dir / "samples").mkdir(parents=True)
+    (staging_dir / TOKENIZED_SAMPLES_DIR).mkdir(parents=True)
     try:
-        first_pass = _tokenize_into(staging_dir / "staging.parquet", staging_dir / "rejects.parquet", paths, tokenizer, markers, options, report, started)
+        first_pass = _tokenize_into(
+            staging_dir / "staging.parquet",
+            staging_dir / TOKENIZED_REJECTS_FILE,
+            paths,
+            tokenizer,
+            markers,
+            options,
+            report,
+            started,
+        )
         keys = shard_keys(options.shards)
         assignment = assign_shards(first_pass.num_tokens, first_pass.sample_ids, options.shards)
-        _write_shards(staging_dir / "staging.parquet", staging_dir / "samples", assignment, keys)
+        _write_shards(staging_dir / "staging.parquet", staging_dir / TOKENIZED_SAMPLES_DIR, assignment, keys)
         (staging_dir / "staging.parquet").unlink()
 
         loads = shard_loads(first_pass.num_tokens, assignment, options.shards)
         counts = np.bincount(assignment, minlength=options.shards)
         elapsed = time.perf_counter() - started
         summary = TokenizedSummary(
-            format_version=FORMAT_VERSION,
+            format_version=TOKENIZED_VERSION,
             samples=len(first_pass.sample_ids),
             tokens=int(np.sum(first_pass.num_tokens)),
             loss_tokens=first_pass.loss_tokens,
@@ -190,7 +187,7 @@ def tokenize_dataset(
             conversations_per_s=round(first_pass.records / elapsed, 1) if elapsed > 0 else 0.0,
             bytes_written=_tree_bytes(staging_dir),
         )
-        (staging_dir / "summary.json").write_text(summary.to_json(), encoding="utf-8")
+        (staging_dir / TOKENIZED_SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
         _replace_dir(staging_dir, out_dir)
     except BaseException:
         shutil.rmtree(staging_dir, ignore_errors=True)
@@ -222,7 +219,10 @@ def _tokenize_into(staging_file, rejects_file, paths, tokenizer, markers, option
     loss_tokens = truncated = records = 0
     last_report = time.perf_counter()
 
-    with pq.ParquetWriter(staging_file, _STAGING_SCHEMA) as samples_out, pq.ParquetWriter(rejects_file, REJECT_SCHEMA) as rejects_out:
+    with (
+        pq.ParquetWriter(staging_file, _STAGING_SCHEMA) as samples_out,
+        pq.ParquetWriter(rejects_file, REJECT_SCHEMA) as rejects_out,
+    ):
         reject_rows: list[Reject] = []
 
         def record_reject(item: Reject) -> None:
@@ -260,7 +260,8 @@ def _tokenize_into(staging_file, rejects_file, paths, tokenizer, markers, option
                         _reject(
                             item,
                             RejectReason.TOO_FEW_LOSS_TOKENS,
-                            f"{supervised} supervised tokens{cut}, fewer than min_loss_tokens={options.min_loss_tokens}",
+                            f"{supervised} supervised tokens{cut}, fewer than "
+                            f"min_loss_tokens={options.min_loss_tokens}",
                         )
                     )
                     continue
@@ -280,7 +281,9 @@ def _tokenize_into(staging_file, rejects_file, paths, tokenizer, markers, option
             if now - last_report > 5:
                 last_report = now
                 rate = records / (now - started)
-                report(f"tokenizing: {records} conversations read, {len(sample_ids)} samples, {rate:.0f} conversations/s")
+                report(
+                    f"tokenizing: {records} conversations read, {len(sample_ids)} samples, {rate:.0f} conversations/s"
+                )
 
     return _FirstPass(
         np.asarray(sample_ids, dtype=np.int64),
@@ -333,7 +336,13 @@ def _sample_table(rows) -> pa.Table:
 def _reject_table(rejects: Sequence[Reject]) -> pa.Table:
     return pa.Table.from_pylist(
         [
-            {"source": r.source, "source_index": r.source_index, "location": r.location, "reason": r.reason, "detail": r.detail}
+            {
+                "source": r.source,
+                "source_index": r.source_index,
+                "location": r.location,
+                "reason": r.reason,
+                "detail": r.detail,
+            }
             for r in rejects
         ],
         schema=REJECT_SCHEMA,
@@ -353,11 +362,13 @@ def length_histogram(num_tokens: np.ndarray) -> list[dict]:
 
 def read_tokenized_shard(tokenized_dir: Path, shard: str, columns: Sequence[str] | None = None) -> pa.Table:
     """One shard's samples, in input order; a shard the tokenized dataset lacks is named with what to do."""
-    path = Path(tokenized_dir) / "samples" / f"{check_shard_key(shard)}.parquet"
+    path = tokenized_shard_file(tokenized_dir, check_shard_key(shard))
     if not path.is_file():
         made = tokenized_shard_keys(tokenized_dir)
         if not made:
-            raise TokenizedDataError(f"{path} not found: {tokenized_dir} holds no tokenized dataset; materialize tokenized_dataset first")
+            raise TokenizedDataError(
+                f"{path} not found: {tokenized_dir} holds no tokenized dataset; materialize tokenized_dataset first"
+            )
         raise TokenizedDataError(
             f"{path} not found: the tokenized dataset was made with {len(made)} shards ({made[0]} .. {made[-1]}), "
             f"and {shard} is not one of them. The setting `shards` changed since: materialize tokenized_dataset "
@@ -376,7 +387,7 @@ def tokenized_shard_keys(tokenized_dir: Path) -> list[str]:
 
 
 def read_rejects(tokenized_dir: Path) -> pa.Table:
-    return pq.read_table(Path(tokenized_dir) / "rejects.parquet")
+    return pq.read_table(Path(tokenized_dir) / TOKENIZED_REJECTS_FILE)
 
 
 def _all_records(paths: Iterable[Path]):
@@ -401,7 +412,7 @@ def _reject(item: Conversation, reason: str, detail: str) -> Reject:
 
 def _check_replaceable(target: Path) -> None:
     """Only a tokenized dataset (or nothing) may be replaced: never delete a folder this code did not write."""
-    if target.is_dir() and any(target.iterdir()) and not (target / "summary.json").is_file():
+    if target.is_dir() and any(target.iterdir()) and not (target / TOKENIZED_SUMMARY_FILE).is_file():
         raise TokenizedDataError(
             f"{target} exists and is not a tokenized dataset (no summary.json); refusing to replace it. "
             "Point output_dir at another folder, or move this one away"

@@ -15,8 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx_dagster.core.quantization import bytes_per_vector
-from hsx_dagster.core.store import STORAGE_DTYPES
+from hsx_dagster.core.storage.format import STORAGE_DTYPES
+from hsx_dagster.core.storage.quantization import bytes_per_vector
 
 TOKEN_BYTES = 4 + 1  # input_ids int32 + loss_mask uint8
 SAMPLE_BYTES = 8 + 8 + 21  # offsets int64 + sample_ids int64 in the chunk, the id in index.jsonl (63-bit, ", ")

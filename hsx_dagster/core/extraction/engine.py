@@ -23,10 +23,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from hsx_dagster.core.backbone import Backbone
-from hsx_dagster.core.batching import Batch, plan_batches
-from hsx_dagster.core.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, quantize
-from hsx_dagster.core.store import STORAGE_DTYPES, ChunkWriter, HostBatch, ShardStore
+from hsx_dagster.core.extraction.backbone import Backbone
+from hsx_dagster.core.extraction.batching import Batch, plan_batches
+from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
+from hsx_dagster.core.storage.format import STORAGE_DTYPES
+from hsx_dagster.core.storage.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, quantize
+from hsx_dagster.core.storage.shard_store import ShardStore
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,9 @@ def extract_shard(
             batch = queue.popleft()
             rows = todo[list(batch.rows)]
             try:
-                host = _run_batch(backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, options.pad_token_id, timer)
+                host = _run_batch(
+                    backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, options.pad_token_id, timer
+                )
             except Exception as error:  # only out-of-memory is recoverable here
                 if not is_out_of_memory(error):
                     raise
@@ -257,7 +261,9 @@ def _run_batch(
     fp8 = storage_dtype == FP8_DTYPE
     # Layers are gathered into one [T, L, H] tensor; fp8 gathers in the compute dtype, then quantises.
     gathered = torch.empty(
-        (len(positions), len(slots), hidden_size), dtype=captured[slots[0]].dtype if fp8 else storage_dtype, device=device
+        (len(positions), len(slots), hidden_size),
+        dtype=captured[slots[0]].dtype if fp8 else storage_dtype,
+        device=device,
     )
     for slot, key in enumerate(slots):
         gathered[:, slot] = captured[key].reshape(-1, hidden_size).index_select(0, positions)  # cast on copy

@@ -3,7 +3,8 @@
 - coverage: every tokenized sample is in the dataset exactly once, with the same ids and mask;
 - integrity: every chunk still has the checksum recorded when it was written; shapes, dtypes and
   layer count match the manifest;
-- numerics: no NaN/Inf (fp8 states de-quantised first); per-layer mean/std (a layer of zeros fails; an odd scale is reported);
+- numerics: no NaN/Inf (fp8 states de-quantised first); per-layer mean/std (a layer of zeros fails;
+  an odd scale is reported);
 - parity: random samples re-extracted one at a time by an independent reference forward pass
   (`AutoModelForCausalLM`, ``output_hidden_states``) match the stored tensors within the storage
   dtype's tolerance. This is what catches batching, padding and ordering bugs on real runs.
@@ -27,17 +28,25 @@ import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core.drafter import INDEX_FILE, MANIFEST_FILE, QUARANTINE_FILE
-from hsx_dagster.core.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for
-from hsx_dagster.core.reader import DrafterDataset
-from hsx_dagster.core.store import STATE_TENSORS, STORAGE_DTYPES, StoreError, read_index, read_sample
-from hsx_dagster.core.tokenization import read_tokenized_shard
+from hsx_dagster.core.dataset.reader import DrafterDataset
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.storage.chunk_reader import read_sample
+from hsx_dagster.core.storage.format import (
+    COMPUTE_DTYPES,
+    DRAFTER_INDEX_FILE,
+    DRAFTER_QUARANTINE_FILE,
+    MANIFEST_FILE,
+    SAFETENSORS_DTYPE_NAMES,
+    STATE_TENSORS,
+    STORAGE_DTYPES,
+)
+from hsx_dagster.core.storage.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for
+from hsx_dagster.core.storage.shard_store import StoreError, read_index
 
 # Relative L2 error per token allowed by the storage dtype (its rounding), and added when the
 # reference and the batched run compute in a reduced precision (their rounding paths differ).
 # fp8 e4m3 with block scales: 2.6% median, 4.0% at most per token on the demo model.
 STORAGE_TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2, "float8_e4m3": 6e-2}
-SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", FP8_DTYPE: "F8_E4M3"}
 REDUCED_COMPUTE_TOLERANCE = 4e-2
 MAX_LISTED = 10
 
@@ -60,7 +69,7 @@ def _chunks_root(drafter_dir: Path, manifest: dict) -> Path:
 def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
     manifest = _manifest(drafter_dir)
     root = _chunks_root(drafter_dir, manifest)
-    index = pq.read_table(drafter_dir / INDEX_FILE)
+    index = pq.read_table(drafter_dir / DRAFTER_INDEX_FILE)
     problems: list[str] = []
     counts = Counter(index.column("sample_id").to_pylist())
     duplicated = sorted(sample_id for sample_id, n in counts.items() if n > 1)
@@ -68,11 +77,16 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
         problems.append(f"{len(duplicated)} samples appear more than once (e.g. {duplicated[:MAX_LISTED]})")
 
     # Samples set aside during extraction (with a reason) are accounted for, not missing.
-    quarantine_file = drafter_dir / QUARANTINE_FILE
-    quarantined = set(pq.read_table(quarantine_file).column("sample_id").to_pylist()) if quarantine_file.is_file() else set()
+    quarantine_file = drafter_dir / DRAFTER_QUARANTINE_FILE
+    quarantined = (
+        set(pq.read_table(quarantine_file).column("sample_id").to_pylist()) if quarantine_file.is_file() else set()
+    )
     stored_and_quarantined = sorted(quarantined & set(counts))
     if stored_and_quarantined:
-        problems.append(f"{len(stored_and_quarantined)} quarantined samples are also stored (e.g. {stored_and_quarantined[:MAX_LISTED]})")
+        problems.append(
+            f"{len(stored_and_quarantined)} quarantined samples are also stored (e.g. "
+            f"{stored_and_quarantined[:MAX_LISTED]})"
+        )
     expected_total = 0
     mismatched: list[int] = []
     missing: list[int] = []
@@ -111,7 +125,9 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
     set_aside = f" ({len(quarantined)} more quarantined with a reason)" if quarantined else ""
     return CheckOutcome(
         not problems,
-        "; ".join(problems) or f"all {expected_total - len(quarantined)} tokenized samples present once, ids and masks identical{set_aside}",
+        "; ".join(problems)
+        or f"all {expected_total - len(quarantined)} tokenized samples present once, ids and masks identical"
+        f"{set_aside}",
         {
             "samples_in_index": index.num_rows,
             "tokenized_samples": expected_total,
@@ -128,7 +144,7 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
     root = _chunks_root(drafter_dir, manifest)
     layers = len(manifest["layers"]["ids"])
     storage_dtype = STORAGE_DTYPES[manifest["storage_dtype"]]
-    expected_dtype = SAFETENSORS_DTYPE[storage_dtype]
+    expected_dtype = SAFETENSORS_DTYPE_NAMES[storage_dtype]
     hidden = manifest["hidden_size"]
     scale_columns = hidden // block_size_for(hidden) if storage_dtype == FP8_DTYPE else None
     problems: list[str] = []
@@ -169,8 +185,12 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
                 if got is None:
                     problems.append(f"{path}: {name} is missing")
                 elif got[0] != want_dtype or list(got[1]) != want_shape:
-                    problems.append(f"{path}: {name} is {got[0]} {list(got[1])}, the manifest says {want_dtype} {want_shape}")
-            unexpected = sorted(n for n in names if (n.endswith(SCALES_SUFFIX) or n in STATE_TENSORS) and n not in expected)
+                    problems.append(
+                        f"{path}: {name} is {got[0]} {list(got[1])}, the manifest says {want_dtype} {want_shape}"
+                    )
+            unexpected = sorted(
+                n for n in names if (n.endswith(SCALES_SUFFIX) or n in STATE_TENSORS) and n not in expected
+            )
             if unexpected:
                 problems.append(f"{path}: {', '.join(unexpected)} present, the manifest disagrees")
     return CheckOutcome(
@@ -224,7 +244,9 @@ def check_numerics(drafter_dir: Path) -> CheckOutcome:
             warnings.append(f"{name} has std {std:.3g}, far from the median layer's {median_std:.3g}")
     table = {name: {"mean": round(float(m), 6), "std": round(float(s), 6)} for name, m, s in zip(names, means, stds)}
     description = "; ".join(problems + warnings) or "all values finite; per-layer statistics in metadata"
-    return CheckOutcome(not problems, description, {"per_layer": table, "nonfinite_samples": len(bad_samples), "warnings": warnings})
+    return CheckOutcome(
+        not problems, description, {"per_layer": table, "nonfinite_samples": len(bad_samples), "warnings": warnings}
+    )
 
 
 def check_parity(
@@ -244,8 +266,10 @@ def check_parity(
     dataset = DrafterDataset(drafter_dir, dtype=torch.float32)
     manifest = dataset.manifest
     if compute_dtype is None:
-        compute_dtype = STORAGE_DTYPES.get(manifest["compute_dtype"], torch.float32)
-    tolerance = STORAGE_TOLERANCE[manifest["storage_dtype"]] + (0.0 if compute_dtype == torch.float32 else REDUCED_COMPUTE_TOLERANCE)
+        compute_dtype = COMPUTE_DTYPES.get(manifest["compute_dtype"], torch.float32)
+    tolerance = STORAGE_TOLERANCE[manifest["storage_dtype"]] + (
+        0.0 if compute_dtype == torch.float32 else REDUCED_COMPUTE_TOLERANCE
+    )
     picked = sorted(random.Random(seed).sample(range(len(dataset)), min(samples, len(dataset))))
     wanted = {dataset.sample_ids[i] for i in picked}
     tokenized_ids: dict[int, list[int]] = {}
@@ -253,9 +277,13 @@ def check_parity(
         table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
         for row in table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted), pa.int64()))).to_pylist():
             tokenized_ids[row["sample_id"]] = row["input_ids"]
-    model = AutoModelForCausalLM.from_pretrained(
-        manifest["model"]["path"], dtype=compute_dtype, trust_remote_code=trust_remote_code
-    ).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(
+            manifest["model"]["path"], dtype=compute_dtype, trust_remote_code=trust_remote_code
+        )
+        .to(device)
+        .eval()
+    )
     layer_ids = manifest["layers"]["ids"]
     num_layers = model.config.get_text_config().num_hidden_layers
     last_layer_output: list[torch.Tensor] = []
@@ -298,12 +326,17 @@ def check_parity(
         if hook is not None:
             hook.remove()
     description = (
-        f"{len(failing)} of {len(picked)} re-extracted samples differ beyond {tolerance:g} relative error: {failing[:MAX_LISTED]}"
+        f"{len(failing)} of {len(picked)} re-extracted samples differ beyond {tolerance:g} relative error: "
+        f"{failing[:MAX_LISTED]}"
         if failing
         else f"{len(picked)} random samples re-extracted one at a time match within {tolerance:g}"
     )
     return CheckOutcome(
         not failing,
         description,
-        {"samples_checked": len(picked), "tolerance": tolerance, "max_relative_error": {k: round(v, 6) for k, v in worst.items()}},
+        {
+            "samples_checked": len(picked),
+            "tolerance": tolerance,
+            "max_relative_error": {k: round(v, 6) for k, v in worst.items()},
+        },
     )

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def assign_shards(num_tokens: Sequence[int] | np.ndarray, sample_ids: Sequence[int] | np.ndarray, shards: int) -> np.ndarray:
+def assign_shards(
+    num_tokens: Sequence[int] | np.ndarray, sample_ids: Sequence[int] | np.ndarray, shards: int
+) -> np.ndarray:
     """Shard index for each sample (same order as the inputs). Deterministic: ties break by sample id."""
     tokens = np.asarray(num_tokens, dtype=np.int64)
     ids = np.asarray(sample_ids, dtype=np.int64)

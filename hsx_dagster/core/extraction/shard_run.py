@@ -18,17 +18,23 @@ import pyarrow as pa
 import torch
 
 from hsx_dagster import __version__
-from hsx_dagster.core.backbone import BackboneInfo, check_model_dir, load_backbone, model_fingerprint
-from hsx_dagster.core.devices import DEFAULT_LOCK_DIR, candidate_devices, claim_device
-from hsx_dagster.core.extract import ExtractionReport, ExtractOptions, extract_shard
+from hsx_dagster.core.extraction.backbone import BackboneInfo, check_model_dir, load_backbone, model_fingerprint
+from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR, candidate_devices, claim_device
+from hsx_dagster.core.extraction.engine import ExtractionReport, ExtractOptions, extract_shard
+from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.quantization import FP8_DTYPE, scale_layout
-from hsx_dagster.core.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
-from hsx_dagster.core.store import COMPLETE_FILE, FORMAT, FORMAT_VERSION, STORAGE_DTYPES, ShardStore, read_quarantine, shard_totals
-from hsx_dagster.core.tokenization import read_tokenized_shard
+from hsx_dagster.core.storage.format import (
+    COMPLETE_FILE,
+    COMPUTE_DTYPES,
+    HIDDEN_STATES_FORMAT,
+    HIDDEN_STATES_VERSION,
+    STORAGE_DTYPES,
+)
+from hsx_dagster.core.storage.quantization import FP8_DTYPE, scale_layout
+from hsx_dagster.core.storage.shard_store import ShardStore, read_quarantine, shard_totals
 
 log = logging.getLogger(__name__)
-COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,9 @@ def tokenized_digest(table: pa.Table) -> str:
 
 def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> ShardResult:
     report = progress or log.info
-    table = read_tokenized_shard(job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"])
+    table = read_tokenized_shard(
+        job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
+    )
     check_model_dir(job.model_path)
     candidates = candidate_devices(job.devices, visible_gpus())
     with claim_device(
@@ -98,8 +106,8 @@ def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> S
 def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report: Callable[[str], None]) -> ShardResult:
     compute_dtype = resolve_compute_dtype(job.compute_dtype, device)
     provenance = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format": HIDDEN_STATES_FORMAT,
+        "format_version": HIDDEN_STATES_VERSION,
         "shard": job.shard,
         "model_path": str(job.model_path),
         **model_fingerprint(job.model_path),
@@ -117,9 +125,13 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
         _check_disk_space(job, table, todo)
         if not todo.any():
             report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
-            return _finish(job, table, store, provenance, ExtractionReport.nothing_to_do(job.shard, table.num_rows, device), None)
-        report(f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
-               f"{job.storage_dtype} storage), layers {list(job.layer_ids)}")
+            return _finish(
+                job, table, store, provenance, ExtractionReport.nothing_to_do(job.shard, table.num_rows, device), None
+            )
+        report(
+            f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
+            f"{job.storage_dtype} storage), layers {list(job.layer_ids)}"
+        )
         backbone = load_backbone(
             job.model_path,
             job.layer_ids,
@@ -130,8 +142,8 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
             trust_remote_code=job.trust_remote_code,
         )
         metadata = {
-            "format": FORMAT,
-            "format_version": str(FORMAT_VERSION),
+            "format": HIDDEN_STATES_FORMAT,
+            "format_version": str(HIDDEN_STATES_VERSION),
             "shard": job.shard,
             "layer_ids": json.dumps(list(job.layer_ids)),
             "include_final": json.dumps(job.include_final),
@@ -155,12 +167,15 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
         return _finish(job, table, store, provenance, result, backbone.info)
 
 
-def _finish(job: ShardJob, table: pa.Table, store: ShardStore, provenance: dict, result: ExtractionReport, info) -> ShardResult:
+def _finish(
+    job: ShardJob, table: pa.Table, store: ShardStore, provenance: dict, result: ExtractionReport, info
+) -> ShardResult:
     totals = shard_totals(job.output_dir)
     quarantined = len(read_quarantine(job.output_dir))
     if totals["samples"] + quarantined != table.num_rows:
         raise RuntimeError(
-            f"{job.shard}: {totals['samples']} samples committed and {quarantined} quarantined, expected {table.num_rows}"
+            f"{job.shard}: {totals['samples']} samples committed and {quarantined} quarantined, expected "
+            f"{table.num_rows}"
         )
     store.mark_complete({**totals, "quarantined": quarantined, "provenance": provenance, "last_run": result.to_dict()})
     return ShardResult(result, info, provenance["compute_dtype"], totals, quarantined)

@@ -1,0 +1,220 @@
+"""One shard's output folder: the lock, the provenance check, the clean-up after a crash, and the
+index of committed chunks (file names and tensors in format.py).
+
+A chunk is written to a temporary name, flushed to disk, renamed into place, and only then
+recorded in the index (also flushed). The index is the truth: at start-up, temporaries and chunk
+files that never reached the index are removed, so a crash at any moment loses at most the chunk
+being written, and a re-run skips every committed sample. An exclusive lock on the shard's lock
+file (released by the kernel when the process dies) keeps two runs of one shard from both writing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+
+from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, read_lines, write_atomic
+from hsx_dagster.core.storage.format import (
+    CHUNK_PATTERN,
+    COMPLETE_FILE,
+    LOCK_FILE,
+    SHARD_FILE,
+    SHARD_INDEX_FILE,
+    SHARD_QUARANTINE_FILE,
+    is_chunk_file,
+    is_temporary_file,
+)
+
+ON_MISMATCH = ("refuse", "start_over")
+# What a changed provenance key means, for the message that refuses to mix.
+_PROVENANCE_MEANING = {
+    "tokenized_sha256": "the shard's tokenized samples changed: re-tokenized with other inputs, dataset settings "
+    "or shard count",
+    "config_sha256": "the model's config.json changed",
+    "weights_index_sha256": "the model's weights changed",
+    "model_path": "model.path",
+    "layer_ids": "model.layers",
+    "include_final": "model.include_final",
+    "storage_dtype": "extraction.storage_dtype",
+    "compute_dtype": "extraction.compute_dtype, or another kind of device",
+}
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    chunk: str
+    samples: int
+    tokens: int
+    bytes: int
+    sha256: str
+    sample_ids: list[int]
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    sample_id: int
+    reason: str
+    detail: str
+
+
+class ShardStore:
+    """One shard's output folder: lock, provenance check, clean-up of a crash, committed chunks."""
+
+    def __init__(
+        self,
+        directory: Path,
+        provenance: dict,
+        on_mismatch: str = "refuse",
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        if on_mismatch not in ON_MISMATCH:
+            raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, not {on_mismatch!r}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.directory / LOCK_FILE, "a+")  # noqa: SIM115 (held until close())
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise StoreError(f"{self.directory} is being written by another run (lock {LOCK_FILE} is held)") from None
+        try:
+            self._check_provenance(provenance, on_mismatch, report or log.warning)
+            self.records = read_index(self.directory)
+            self.quarantined = read_quarantine(self.directory)
+            for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE):
+                drop_torn_tail(self.directory / name)
+            self._remove_uncommitted()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_provenance(self, provenance: dict, on_mismatch: str, report: Callable[[str], None]) -> None:
+        path = self.directory / SHARD_FILE
+        if path.is_file():
+            existing = json.loads(path.read_text(encoding="utf-8"))
+            changed = sorted(key for key in set(existing) | set(provenance) if existing.get(key) != provenance.get(key))
+            if not changed:
+                return
+            details = "; ".join(
+                f"{k}: {_shown(existing.get(k))} -> {_shown(provenance.get(k))}"
+                + (f" ({_PROVENANCE_MEANING[k]})" if k in _PROVENANCE_MEANING else "")
+                for k in changed[:4]
+            )
+            if on_mismatch != "start_over":
+                raise StoreError(
+                    f"{self.directory} holds hidden states made differently ({details}). Refusing to mix them. "
+                    "To redo this shard from scratch, set extraction.on_mismatch: start_over (in the settings file, "
+                    "HSX_EXTRACTION__ON_MISMATCH=start_over, or for one run the run config "
+                    "resources.gpu.config.on_mismatch); its committed samples are then deleted"
+                )
+            self._start_over(details, report)
+        write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
+
+    def _start_over(self, details: str, report: Callable[[str], None]) -> None:
+        """Delete what the shard holds, index first: once it is gone no chunk counts as committed, so a
+        crash part-way leaves nothing a later run could mistake for work done; shard.json goes last."""
+        try:
+            samples = sum(record.samples for record in read_index(self.directory))
+        except StoreError:
+            samples = "an unreadable number of"
+        for name in (COMPLETE_FILE, SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE):
+            (self.directory / name).unlink(missing_ok=True)
+        chunks = 0
+        for path in self.directory.iterdir():
+            if is_chunk_file(path.name) or is_temporary_file(path.name):
+                chunks += is_chunk_file(path.name)
+                path.unlink()
+        report(
+            f"{self.directory} was made differently ({details}); extraction.on_mismatch is start_over: deleted "
+            f"{chunks} chunks holding {samples} samples, the index and complete.json; redoing the shard"
+        )
+
+    def _remove_uncommitted(self) -> None:
+        committed = {record.chunk for record in self.records}
+        for path in self.directory.iterdir():
+            temporary = is_temporary_file(path.name)
+            orphan = is_chunk_file(path.name) and path.name not in committed
+            if temporary or orphan:
+                path.unlink()
+
+    @property
+    def done_sample_ids(self) -> set[int]:
+        """Committed or quarantined: either way a re-run does not redo them."""
+        committed = {sample_id for record in self.records for sample_id in record.sample_ids}
+        return committed | {record.sample_id for record in self.quarantined}
+
+    def quarantine(self, records: Sequence[QuarantineRecord]) -> None:
+        append_lines(self.directory / SHARD_QUARANTINE_FILE, [asdict(record) for record in records])
+        self.quarantined.extend(records)
+
+    def commit(self, tensors: dict[str, torch.Tensor], sample_ids: list[int], metadata: dict[str, str]) -> ChunkRecord:
+        """Write one chunk atomically, then record it in the index."""
+        name = CHUNK_PATTERN.format(len(self.records))
+        payload = safetensors_bytes(tensors, metadata=metadata)
+        write_atomic(self.directory / name, payload)
+        record = ChunkRecord(
+            chunk=name,
+            samples=len(sample_ids),
+            tokens=int(tensors["input_ids"].numel()),
+            bytes=len(payload),
+            sha256=hashlib.sha256(payload).hexdigest(),
+            sample_ids=list(sample_ids),
+        )
+        append_lines(self.directory / SHARD_INDEX_FILE, [asdict(record)])
+        self.records.append(record)
+        return record
+
+    def mark_complete(self, summary: dict) -> None:
+        write_atomic(self.directory / COMPLETE_FILE, json.dumps(summary, indent=2, sort_keys=True).encode())
+
+    def close(self) -> None:
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+
+    def __enter__(self) -> ShardStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_index(directory: Path) -> list[ChunkRecord]:
+    """Committed chunks; a torn last line (a crash while appending) is not a commit."""
+    path = Path(directory) / SHARD_INDEX_FILE
+    try:
+        return [ChunkRecord(**entry) for entry in read_lines(path)]
+    except TypeError as exc:
+        raise StoreError(f"{path}: not a chunk record ({exc})") from None
+
+
+def read_quarantine(directory: Path) -> list[QuarantineRecord]:
+    return [QuarantineRecord(**entry) for entry in read_lines(Path(directory) / SHARD_QUARANTINE_FILE)]
+
+
+def totals_of(records: Sequence[ChunkRecord]) -> dict:
+    """Samples, tokens, bytes and chunk names over committed chunks."""
+    return {
+        "samples": sum(r.samples for r in records),
+        "tokens": sum(r.tokens for r in records),
+        "bytes": sum(r.bytes for r in records),
+        "chunks": [r.chunk for r in records],
+    }
+
+
+def shard_totals(directory: Path) -> dict:
+    return totals_of(read_index(directory))
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else text[:20] + "..."
