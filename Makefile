@@ -1,6 +1,7 @@
 # Everyday commands. Each one sets up what it needs on a fresh machine (.venv, demo data).
 #   make demo   set up, then run the whole pipeline on the embedded demo and print a summary
-#   make test   the test suite (what CI runs)
+#   make test   the test suite (what CI runs); make test-quick leaves out the slow tests (servers, CLI runs, kills)
+#   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
 #   make bench  the CPU benchmark (under 10 minutes on 2 cores): benchmarks/results/<date>-cpu.{json,md}
 #   make bench-gpu  the GPU benchmark (one GPU, under 8 minutes): benchmarks/results/<date>-gpu.{json,md}
@@ -10,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: demo test ui bench bench-gpu install data instance clean
+.PHONY: demo test test-quick check ui bench bench-gpu install data instance clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +43,14 @@ demo: data instance
 
 test: data
 	$(BIN)/python -m pytest -q --durations=15
+
+test-quick: data
+	$(BIN)/python -m pytest -q -m "not slow" --durations=10
+
+check: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: data
 	$(BIN)/python -m benchmarks.cpu

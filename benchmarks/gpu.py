@@ -311,7 +311,7 @@ def check_against_reference(model: torch.nn.Module, reference: torch.nn.Module) 
 
 def truncated_backbone(causal_lm: torch.nn.Module, layer_ids: list[int], device: torch.device, dtype: torch.dtype):
     """The decoder stack cut after the deepest requested layer, no LM head, sharing the weights of
-    ``causal_lm`` (what hsx_dagster.core.backbone.load_backbone makes from a checkpoint)."""
+    ``causal_lm`` (what hsx_dagster.core.extraction.backbone.load_backbone makes from a checkpoint)."""
     full = causal_lm.model
     config = copy.deepcopy(full.config)
     keep = max(layer_ids) + 1

@@ -40,8 +40,8 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         f"  speed       {summary.conversations_per_s:,.0f} conversations/s ({summary.elapsed_s:.1f} s)",
         f"  shards      {len(summary.shards)}, token imbalance max/mean {summary.imbalance:.4f}",
     ]
-    for shard in summary.shards:
-        lines.append(f"    {shard['shard']}  {shard['samples']:>7,} samples  {shard['tokens']:>11,} tokens")
+    for entry in summary.shards:
+        lines.append(f"    {entry['shard']}  {entry['samples']:>7,} samples  {entry['tokens']:>11,} tokens")
     if summary.rejects:
         lines.append("  rejects     " + ", ".join(f"{reason} {count}" for reason, count in summary.rejects.items()))
         lines.append(f"              details: {tokenized / TOKENIZED_REJECTS_FILE}")

@@ -3,12 +3,22 @@
 Both are `ConfigurableResource`s, so every field can be changed per run from the launchpad or the
 CLI (``--config-json '{"resources": {"gpu": {"config": {"batch_size": 64}}}}'``); the defaults come
 from hsx.yaml (and its ``HSX_*`` environment overrides) when the definitions load.
+
+`GpuResource`'s fields are generated from `ExtractionSettings`, the settings file's ``extraction``
+section: one declaration (names, defaults, descriptions), so a new extraction setting reaches run
+config without being written twice. Values are validated by the settings model's own rules.
 """
 
 from __future__ import annotations
 
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
 from dagster import ConfigurableResource
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
+from typing_extensions import Self
 
 from hsx_dagster.core.settings import ExtractionSettings, Settings, SettingsError, load_settings
 
@@ -22,39 +32,42 @@ class HsxSettings(ConfigurableResource):
         return load_settings(self.path)
 
 
-class GpuResource(ConfigurableResource):
-    """The accelerator a shard run extracts on, and how its forward passes are shaped.
+def config_type(annotation: Any) -> Any:
+    """The Dagster config type for a settings annotation: Dagster's config system knows scalars,
+    lists and Any; choices (Literal) and paths travel as strings and are checked by the settings model."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return config_type(typing.get_args(annotation)[0])
+    if origin is Literal:
+        kinds = {type(choice) for choice in typing.get_args(annotation)}
+        return kinds.pop() if len(kinds) == 1 else Any
+    if origin in (typing.Union, types.UnionType):
+        members = [config_type(member) for member in typing.get_args(annotation) if member is not type(None)]
+        if len(set(members)) == 1:
+            return members[0] if len(members) == len(typing.get_args(annotation)) else members[0] | None
+        return Any  # e.g. an int or 'auto': validated by the settings model
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return list[config_type(item)]  # type: ignore[misc]  # a type built at run time
+    if annotation is Path:
+        return str
+    return annotation
 
-    Defaults come from the ``extraction`` section of hsx.yaml (and ``HSX_EXTRACTION__*``); run config
-    overrides them for one run.
-    """
 
-    devices: list[str] = Field(
-        default_factory=lambda: ["auto"],
-        description="'auto' (every visible GPU, else CPU), 'cpu', 'cuda', or ids like 'cuda:0'; "
-        "shard k runs on devices[k % len(devices)]",
-    )
-    compute_dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32")
-    storage_dtype: str = Field(
-        "bfloat16", description="dtype of the stored states: bfloat16, float16, float32, float8_e4m3 (block-scaled)"
-    )
-    nan_policy: str = Field("fail", description="NaN/Inf in a sample's states: fail, or quarantine (set aside, go on)")
-    attn_implementation: str = Field("sdpa", description="sdpa, eager, or flash_attention_2 when installed")
-    batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
-    max_batch_tokens: int = Field(
-        32768, ge=1, description="Most computed tokens (rows x longest row) in one forward pass"
-    )
-    chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
-    device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
-    device_lock_dir: str = Field("/tmp/hsx-dagster-device-locks", description="Per-host folder of GPU claims")
-    on_mismatch: str = Field(
-        "refuse",
-        description="A shard folder made with another model, layers, dtype or tokenized input: refuse, "
-        "or start_over (delete that shard's states and redo it)",
-    )
+def resource_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """``create_model`` field definitions mirroring ``model``'s fields as Dagster config."""
+    fields: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, Path):
+            default = str(default)
+        fields[name] = (config_type(field.annotation), Field(default, description=field.description))
+    return fields
 
+
+class _GpuResourceBase(ConfigurableResource):
     @classmethod
-    def from_settings(cls, settings: Settings) -> GpuResource:
+    def from_settings(cls, settings: Settings) -> Self:
         return cls(**settings.extraction.model_dump(mode="json"))
 
     def validated(self) -> ExtractionSettings:
@@ -64,3 +77,19 @@ class GpuResource(ConfigurableResource):
         except ValidationError as exc:
             problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors())
             raise SettingsError(f"resource `gpu` config: {problems}") from None
+
+
+if typing.TYPE_CHECKING:  # the checker sees the methods; the fields come from ExtractionSettings at run time
+
+    class GpuResource(_GpuResourceBase):
+        pass
+
+else:
+    GpuResource = create_model(
+        "GpuResource",
+        __base__=_GpuResourceBase,
+        __module__=__name__,
+        __doc__="The accelerator a shard run extracts on, and how its forward passes are shaped. Defaults come from "
+        "the ``extraction`` section of hsx.yaml (and ``HSX_EXTRACTION__*``); run config overrides them for one run.",
+        **resource_fields(ExtractionSettings),
+    )

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
+
 REPO = Path(__file__).resolve().parents[1]
 CONTESTANTS = ("naive", "bare", "pipeline")
 

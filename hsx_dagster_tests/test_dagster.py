@@ -180,6 +180,7 @@ def test_all_three_assets_over_every_shard(small_settings_file):
     assert manifest["hidden_size"] == 64 and manifest["totals"]["samples"] == 28
 
 
+@pytest.mark.slow
 def test_cli_materialize_against_a_persistent_instance(small_settings_file, tmp_path):
     """What users run: the dagster CLI, HSX_CONFIG, a project-local DAGSTER_HOME, and run config
     from the command line changing the batch size for one run."""
@@ -222,6 +223,7 @@ def test_cli_materialize_against_a_persistent_instance(small_settings_file, tmp_
     assert "shard-01" in report.stdout
 
 
+@pytest.mark.slow
 def test_dagster_definitions_validate_cli(settings_file, tmp_path):
     env = {**os.environ, "HSX_CONFIG": str(settings_file), "DAGSTER_HOME": str(tmp_path)}
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")

@@ -47,7 +47,7 @@ def test_a_waiting_run_gets_the_device_when_it_frees(tmp_path):
 
 def test_a_killed_run_leaves_no_device_locked(tmp_path):
     code = (
-        "import sys, time; from pathlib import Path; from hsx_dagster.core.devices import claim_device;"
+        "import sys, time; from pathlib import Path; from hsx_dagster.core.extraction.devices import claim_device;"
         f"c = claim_device(['cuda:0'], 0, owner='doomed', lock_dir=Path({str(tmp_path)!r}));"
         "print('claimed', flush=True); time.sleep(600)"
     )

@@ -254,43 +254,6 @@ def test_flash_attention_without_the_package_is_a_clear_error(tokenized, demo_mo
         run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1,), attn_implementation="flash_attention_2"))
 
 
-def test_a_shard_run_killed_with_sigkill_leaves_no_lock_and_resumes(tokenized, demo_model_dir, tmp_path):
-    """A real shard run in its own process, killed with SIGKILL once some chunks are committed."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    out = tmp_path / "out"
-    job = dict(tokenized=str(tokenized), out=str(out), model=str(demo_model_dir))
-    code = (
-        "import sys; from pathlib import Path; from hsx_dagster.core.shard_run import ShardJob, run_shard;"
-        f"a = {job!r};"
-        "run_shard(ShardJob(shard='shard-00', shard_index=0, tokenized_dir=Path(a['tokenized']), "
-        "output_dir=Path(a['out']),"
-        " model_path=Path(a['model']), layer_ids=(1, 4), devices=('cpu',), storage_dtype='float32', batch_size=1,"
-        " max_batch_tokens=4096, chunk_bytes=1))"
-    )
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not ((out / SHARD_INDEX_FILE).is_file() and len((out / SHARD_INDEX_FILE).read_text().splitlines()) >= 3):
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    committed = len((out / SHARD_INDEX_FILE).read_text().splitlines())
-    assert 3 <= committed < 28 and not (out / "complete.json").exists()
-
-    result = run_shard(
-        make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=1, chunk_bytes=1)
-    )  # the lock is free
-    assert result.report.samples_skipped >= 3 and result.totals["samples"] == 28
-    assert sorted(stored_samples(out)) == sorted(
-        read_tokenized_shard(tokenized, "shard-00").column("sample_id").to_pylist()
-    )
-    assert not [p for p in out.iterdir() if ".tmp" in p.name]
-
-
 def test_rerunning_a_complete_shard_loads_no_model(tokenized, demo_model_dir, tmp_path, monkeypatch):
     from hsx_dagster.core.extraction import shard_run as shard_run_module
 

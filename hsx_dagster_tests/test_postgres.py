@@ -23,6 +23,8 @@ from hsx_dagster.core.settings import load_settings
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.pools import prepare_pool
 
+pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -27,6 +27,8 @@ from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SHARD_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests import shard_child
 
+pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
+
 CHUNK_BYTES = 250_000  # about one batch of four samples: several chunks per shard
 
 

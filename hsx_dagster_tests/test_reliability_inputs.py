@@ -225,11 +225,9 @@ def test_sharded_checkpoint_missing_a_weight_file_is_named(project):
     ):
         load_settings(project / "hsx.yaml")
 
-    from hsx_dagster.core.extraction.backbone import BackboneError, check_model_dir
+    from hsx_dagster.core.model_info import ModelDirError, check_model_dir
 
-    with pytest.raises(
-        BackboneError, match="weight files named by the checkpoint index are missing: model-00002-of-00002"
-    ):
+    with pytest.raises(ModelDirError, match="lacks weight files its index names: model-00002-of-00002"):
         check_model_dir(model)  # what a shard run checks before loading the model
 
 

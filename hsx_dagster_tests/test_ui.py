@@ -10,6 +10,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
+
 REPO = Path(__file__).resolve().parents[1]
 QUERY = """{
   assetNodes { assetKey { path } partitionKeys assetChecksOrError { ... on AssetChecks { checks { name blocking } } } }

@@ -1,14 +1,13 @@
 """`drafter_dataset`: the trainer-facing dataset assembled over every `hidden_states` shard.
 
-Thin over `hsx_dagster.core.drafter`: it refuses to assemble while a shard is missing, unfinished or
-stale (and names them), then writes the global index and the manifest.
+Thin over `hsx_dagster.core.dataset` (assembly and checks): it refuses to assemble while a shard is
+missing, unfinished or stale (and names them), then writes the global index and the manifest.
 """
 
 from dagster import (
     AllPartitionMapping,
     AssetCheckExecutionContext,
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetDep,
     AssetExecutionContext,
     MaterializeResult,
@@ -17,10 +16,14 @@ from dagster import (
     asset_check,
 )
 
+from hsx_dagster.checks import check_result
 from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import CheckOutcome, check_coverage, check_integrity, check_numerics, check_parity
-from hsx_dagster.core.extraction.devices import candidate_devices, claim_device
-from hsx_dagster.core.extraction.shard_run import visible_gpus
+from hsx_dagster.core.dataset.checks import (
+    check_coverage,
+    check_integrity,
+    check_numerics,
+    check_parity_on_claimed_device,
+)
 from hsx_dagster.resources import GpuResource, HsxSettings
 
 HOW_TO_LOAD = """```python
@@ -77,18 +80,6 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
     )
 
 
-def _result(outcome: CheckOutcome) -> AssetCheckResult:
-    return AssetCheckResult(
-        passed=outcome.passed,
-        severity=AssetCheckSeverity.ERROR,
-        description=outcome.description,
-        metadata={
-            key: MetadataValue.json(value) if isinstance(value, (dict, list)) else value
-            for key, value in outcome.metadata.items()
-        },
-    )
-
-
 @asset_check(
     asset=drafter_dataset,
     blocking=True,
@@ -97,7 +88,7 @@ def _result(outcome: CheckOutcome) -> AssetCheckResult:
 )
 def drafter_coverage(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
     loaded = settings.load()
-    return _result(check_coverage(loaded.drafter_dir, loaded.tokenized_dir))
+    return check_result(check_coverage(loaded.drafter_dir, loaded.tokenized_dir))
 
 
 @asset_check(
@@ -107,7 +98,7 @@ def drafter_coverage(context: AssetCheckExecutionContext, settings: HsxSettings)
     "recorded at write time; shapes, dtypes and layer count match the manifest.",
 )
 def drafter_integrity(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    return _result(check_integrity(settings.load().drafter_dir))
+    return check_result(check_integrity(settings.load().drafter_dir))
 
 
 @asset_check(
@@ -117,7 +108,7 @@ def drafter_integrity(context: AssetCheckExecutionContext, settings: HsxSettings
     "std; a layer of zeros fails, an outlying scale is reported.",
 )
 def drafter_numerics(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    return _result(check_numerics(settings.load().drafter_dir))
+    return check_result(check_numerics(settings.load().drafter_dir))
 
 
 @asset_check(
@@ -129,21 +120,18 @@ def drafter_numerics(context: AssetCheckExecutionContext, settings: HsxSettings)
 def drafter_parity(context: AssetCheckExecutionContext, settings: HsxSettings, gpu: GpuResource) -> AssetCheckResult:
     loaded = settings.load()
     extraction = gpu.validated()
-    candidates = candidate_devices(extraction.devices, visible_gpus())
-    owner = f"run {context.run.run_id[:8]} (drafter_parity)"
-    with claim_device(
-        candidates, 0, owner=owner, lock_dir=extraction.device_lock_dir, wait_s=extraction.device_wait_s
-    ) as claim:
-        outcome = check_parity(
-            loaded.drafter_dir,
-            loaded.tokenized_dir,
-            samples=loaded.drafter.parity_samples,
-            seed=loaded.drafter.parity_seed,
-            device=claim.device,
-            compute_dtype=None,  # the dtype the shards were computed in, from the manifest
-            trust_remote_code=loaded.model.trust_remote_code,
-        )
-    return _result(outcome)
+    outcome = check_parity_on_claimed_device(
+        loaded.drafter_dir,
+        loaded.tokenized_dir,
+        samples=loaded.drafter.parity_samples,
+        seed=loaded.drafter.parity_seed,
+        devices=extraction.devices,
+        owner=f"run {context.run.run_id[:8]} (drafter_parity)",
+        lock_dir=extraction.device_lock_dir,
+        wait_s=extraction.device_wait_s,
+        trust_remote_code=loaded.model.trust_remote_code,
+    )
+    return check_result(outcome)
 
 
 drafter_checks = [drafter_coverage, drafter_integrity, drafter_numerics, drafter_parity]

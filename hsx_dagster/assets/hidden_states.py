@@ -1,6 +1,6 @@
 """`hidden_states`: one static partition per shard, materialized by the op `extract_hidden_states`.
 
-Thin over `hsx_dagster.core.shard_run`: settings and the `gpu` resource in, a shard job out to the
+Thin over `hsx_dagster.core.extraction.shard_run`: settings and the `gpu` resource in, a shard job out to the
 core engine, the run's figures back as materialization metadata.
 """
 
@@ -40,30 +40,8 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings
     ) -> MaterializeResult:
         loaded = settings.load()
-        extraction = gpu.validated()
         shard = context.partition_key
-        job = ShardJob(
-            shard=shard,
-            shard_index=loaded.shard_index(shard),  # a key that is not one of the shards is refused, naming `shards`
-            tokenized_dir=loaded.tokenized_dir,
-            output_dir=loaded.shard_dir(shard),
-            model_path=loaded.model.path,
-            layer_ids=tuple(loaded.layer_ids),
-            include_final=loaded.model.include_final,
-            devices=tuple(extraction.devices),
-            compute_dtype=extraction.compute_dtype,
-            storage_dtype=extraction.storage_dtype,
-            nan_policy=extraction.nan_policy,
-            attn_implementation=extraction.attn_implementation,
-            batch_size=extraction.batch_size,
-            max_batch_tokens=extraction.max_batch_tokens,
-            chunk_bytes=int(extraction.chunk_mb * 2**20),
-            trust_remote_code=loaded.model.trust_remote_code,
-            device_wait_s=extraction.device_wait_s,
-            device_lock_dir=extraction.device_lock_dir,
-            on_mismatch=extraction.on_mismatch,
-            owner=f"run {context.run_id[:8]} ({shard})",
-        )
+        job = ShardJob.from_settings(loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})")
         result = run_shard(job, progress=context.log.info)
         return MaterializeResult(metadata=hidden_states_metadata(result, job))
 

@@ -1,17 +1,14 @@
 """`tokenized_dataset`: conversations -> token ids, assistant-only loss masks and shard assignment.
 
-Thin over `hsx_dagster.core.tokenization`: it loads the settings, calls the core, and reports what
+Thin over `hsx_dagster.core.inputs`: it loads the settings, calls the core, and reports what
 it produced as materialization metadata. The asset check reads the files back.
 """
 
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetExecutionContext,
     Config,
     MaterializeResult,
@@ -21,7 +18,9 @@ from dagster import (
 )
 from pydantic import Field
 
+from hsx_dagster.checks import check_result
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
+from hsx_dagster.core.inputs.checks import check_tokenized
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
 from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings
@@ -128,43 +127,8 @@ def histogram_table(histogram: list[dict]) -> str:
 @asset_check(
     asset=tokenized_dataset,
     blocking=True,
-    description="Re-reads the written shards: counts, "
-    "unique sample ids, masks aligned with ids, loss tokens present, shard column consistent.",
+    description="Re-reads the written shards: counts, unique sample ids, masks aligned with ids, loss tokens present, "
+    "shard column consistent.",
 )
 def tokenized_dataset_consistent(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    loaded = settings.load()
-    summary = TokenizedSummary.read(loaded.tokenized_dir)
-    problems: list[str] = []
-    seen: set[int] = set()
-    total = 0
-    for entry in summary.shards:
-        file = loaded.tokenized_dir / "samples" / f"{entry['shard']}.parquet"
-        table = pq.read_table(file)
-        total += table.num_rows
-        if table.num_rows != entry["samples"]:
-            problems.append(f"{file.name}: {table.num_rows} rows, summary says {entry['samples']}")
-        if set(table.column("shard").unique().to_pylist()) - {entry["shard"]}:
-            problems.append(f"{file.name}: rows carry another shard's key")
-        duplicates = []
-        for sample_id in table.column("sample_id").to_pylist():
-            if sample_id in seen:
-                duplicates.append(sample_id)
-            seen.add(sample_id)
-        if duplicates:
-            problems.append(f"{file.name}: sample ids seen twice: {duplicates[:5]}")
-        lengths = table.column("input_ids").combine_chunks().value_lengths().to_numpy()
-        mask_lengths = table.column("loss_mask").combine_chunks().value_lengths().to_numpy()
-        if not np.array_equal(lengths, mask_lengths) or not np.array_equal(
-            lengths, table.column("num_tokens").to_numpy()
-        ):
-            problems.append(f"{file.name}: input_ids, loss_mask and num_tokens disagree in length")
-        if np.any(table.column("num_loss_tokens").to_numpy() < summary.options["min_loss_tokens"]):
-            problems.append(f"{file.name}: samples with fewer than min_loss_tokens supervised tokens")
-    if total != summary.samples:
-        problems.append(f"{total} rows across shards, summary says {summary.samples}")
-    return AssetCheckResult(
-        passed=not problems,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(problems) or "all shards consistent",
-        metadata={"rows": total, "problems": MetadataValue.json(problems[:20]) if problems else MetadataValue.json([])},
-    )
+    return check_result(check_tokenized(settings.load().tokenized_dir))

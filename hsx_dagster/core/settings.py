@@ -22,17 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvironmentSettingsError
 
+from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR
 from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_layers
+from hsx_dagster.core.model_info import ModelDirError, ModelInfo, check_model_dir
 
 CONFIG_ENV_VAR = "HSX_CONFIG"
 DEFAULT_SETTINGS_FILE = "hsx.yaml"
 SHARD_KEY = re.compile(r"shard-\d{2,}")
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 class SettingsError(ValueError):
@@ -104,9 +100,7 @@ class ExtractionSettings(_Section):
     )
     chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
     device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
-    device_lock_dir: Path = Field(
-        Path("/tmp/hsx-dagster-device-locks"), description="Per-host folder of GPU claims (one run per GPU)"
-    )
+    device_lock_dir: Path = Field(DEFAULT_LOCK_DIR, description="Per-host folder of GPU claims (one run per GPU)")
     on_mismatch: Literal["refuse", "start_over"] = Field(
         "refuse",
         description="A shard folder made with another model, layers, dtype or tokenized input: refuse "
@@ -252,19 +246,6 @@ def check_shard_key(key: str) -> str:
     return key
 
 
-def missing_weight_files(model_path: Path) -> list[str]:
-    """Weight files a sharded checkpoint's index names but the directory lacks (read from JSON only)."""
-    missing: set[str] = set()
-    for index_file in sorted(model_path.glob("*.index.json")):
-        try:
-            weight_map = json.loads(index_file.read_text(encoding="utf-8")).get("weight_map") or {}
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            missing.add(f"{index_file.name} (not valid JSON)")
-            continue
-        missing.update(name for name in set(weight_map.values()) if not (model_path / name).is_file())
-    return sorted(missing)
-
-
 def settings_path(path: str | os.PathLike[str] | None = None) -> Path:
     """The settings file to use: the argument, else $HSX_CONFIG, else ./hsx.yaml."""
     chosen = path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_SETTINGS_FILE
@@ -329,20 +310,10 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, check_files: bo
 
 def read_num_layers(model_path: Path, settings_file: Path | None = None) -> int:
     """Number of decoder layers, read from the model's config.json (no weights, no imports of torch)."""
-    where = f"{settings_file}: key `model.path`: " if settings_file else ""
-    config_file = model_path / "config.json"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SettingsError(f"{where}{model_path} has no config.json (not a Hugging Face model directory)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SettingsError(f"{where}{config_file} is not valid JSON: {exc}") from None
-    # Multimodal wrappers keep the language model's shape under text_config.
-    for candidate in (config.get("text_config") or {}, config):
-        for key in ("num_hidden_layers", "n_layer", "num_layers"):
-            if isinstance(candidate.get(key), int):
-                return candidate[key]
-    raise SettingsError(f"{where}{config_file} does not say how many layers the model has (num_hidden_layers)")
+        return ModelInfo.read(model_path).num_hidden_layers
+    except ModelDirError as exc:
+        raise SettingsError(f"{settings_file}: key `model.path`: {exc}" if settings_file else str(exc)) from None
 
 
 def _check_files(file: Path, settings: Settings) -> None:
@@ -363,16 +334,10 @@ def _check_files(file: Path, settings: Settings) -> None:
     model_path = settings.model.path
     if not model_path.is_dir():
         raise SettingsError(f"{file}: key `model.path`: model directory not found: {model_path}")
-    if not any((model_path / name).is_file() for name in WEIGHT_FILES):
-        raise SettingsError(
-            f"{file}: key `model.path`: {model_path} holds no weights (expected one of {', '.join(WEIGHT_FILES)})"
-        )
-    missing = missing_weight_files(model_path)
-    if missing:
-        raise SettingsError(
-            f"{file}: key `model.path`: {model_path} lacks weight files its index names: {', '.join(missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''}; finish downloading the model"
-        )
+    try:
+        check_model_dir(model_path)
+    except ModelDirError as exc:
+        raise SettingsError(f"{file}: key `model.path`: {exc}") from None
 
 
 def _resolve(base: Path, path: Path) -> Path:

@@ -14,6 +14,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from transformers import (
@@ -83,7 +84,7 @@ def make_config(
     layer's output a small perturbation of the embeddings, making the hidden
     states of different layers nearly identical, which is useless for a drafter demo.
     """
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
@@ -213,7 +214,7 @@ def demo_input_ids(
     """``length`` tokens of templated demo conversations (1 x length), for sanity checks."""
     ids: list[int] = []
     for messages in conversations:
-        ids.extend(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+        ids.extend(cast(list[int], tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)))
         if len(ids) >= length:
             break
     return torch.tensor([ids[:length]])

@@ -148,7 +148,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLik
 
 def make_llama3_style_tokenizer(
     base_tokenizer_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
-) -> PreTrainedTokenizerFast:
+) -> PreTrainedTokenizerBase:
     """Save a copy of the demo tokenizer with Llama-3 special tokens and chat template.
 
     Same BPE merges, different control tokens, BOS baked into the template and

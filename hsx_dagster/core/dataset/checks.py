@@ -18,7 +18,7 @@ import hashlib
 import json
 import random
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,9 @@ import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
 
+from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.dataset.reader import DrafterDataset
+from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import read_sample
 from hsx_dagster.core.storage.format import (
@@ -49,13 +51,6 @@ from hsx_dagster.core.storage.shard_store import StoreError, read_index
 STORAGE_TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2, "float8_e4m3": 6e-2}
 REDUCED_COMPUTE_TOLERANCE = 4e-2
 MAX_LISTED = 10
-
-
-@dataclass
-class CheckOutcome:
-    passed: bool
-    description: str
-    metadata: dict = field(default_factory=dict)
 
 
 def _manifest(drafter_dir: Path) -> dict:
@@ -277,13 +272,10 @@ def check_parity(
         table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
         for row in table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted), pa.int64()))).to_pylist():
             tokenized_ids[row["sample_id"]] = row["input_ids"]
-    model = (
-        AutoModelForCausalLM.from_pretrained(
-            manifest["model"]["path"], dtype=compute_dtype, trust_remote_code=trust_remote_code
-        )
-        .to(device)
-        .eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        manifest["model"]["path"], dtype=compute_dtype, trust_remote_code=trust_remote_code
     )
+    model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # transformers types `.to` oddly
     layer_ids = manifest["layers"]["ids"]
     num_layers = model.config.get_text_config().num_hidden_layers
     last_layer_output: list[torch.Tensor] = []
@@ -340,3 +332,32 @@ def check_parity(
             "max_relative_error": {k: round(v, 6) for k, v in worst.items()},
         },
     )
+
+
+def check_parity_on_claimed_device(
+    drafter_dir: Path,
+    tokenized_dir: Path,
+    *,
+    samples: int,
+    seed: int,
+    devices: Sequence[str],
+    owner: str,
+    lock_dir: Path,
+    wait_s: float,
+    trust_remote_code: bool = False,
+) -> CheckOutcome:
+    """`check_parity` on a device this process claims like a shard run does (one run per GPU);
+    with ``samples`` 0 nothing is claimed and no model loads."""
+    if samples == 0:
+        return CheckOutcome(True, "skipped: drafter.parity_samples is 0 (no device claimed, no model loaded)",
+                            {"samples_checked": 0})  # fmt: skip
+    with claimed_device(devices, 0, owner=owner, lock_dir=lock_dir, wait_s=wait_s) as device:
+        return check_parity(
+            drafter_dir,
+            tokenized_dir,
+            samples=samples,
+            seed=seed,
+            device=device,
+            compute_dtype=None,  # the dtype the shards were computed in, from the manifest
+            trust_remote_code=trust_remote_code,
+        )

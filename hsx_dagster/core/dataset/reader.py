@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -25,7 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hsx_dagster.core.storage.chunk_reader import read_sample
-from hsx_dagster.core.storage.format import DRAFTER_INDEX_FILE, MANIFEST_FILE
+from hsx_dagster.core.storage.format import DRAFTER_INDEX_FILE, MANIFEST_FILE, FormatError, check_drafter_manifest
 
 
 class DatasetError(RuntimeError):
@@ -50,7 +51,12 @@ class DrafterDataset(torch.utils.data.Dataset):
         manifest_file = self.path / MANIFEST_FILE
         if not manifest_file.is_file():
             raise DatasetError(f"{manifest_file} not found: is {self.path} an assembled drafter dataset?")
-        self.manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        try:
+            self.manifest = check_drafter_manifest(json.loads(manifest_file.read_text(encoding="utf-8")), manifest_file)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{manifest_file}: not valid JSON ({exc})") from None
+        except FormatError as exc:
+            raise DatasetError(str(exc)) from None
         if split not in (None, "train", "val"):
             raise ValueError(f"split must be 'train', 'val' or None, not {split!r}")
         table = pq.read_table(self.path / self.manifest.get("index", DRAFTER_INDEX_FILE))
@@ -79,7 +85,7 @@ class DrafterDataset(torch.utils.data.Dataset):
         """Token count per sample (for length-grouped samplers), without reading any tensor."""
         return list(self._num_tokens)
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor | int]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"sample {index} out of range for {len(self)} samples")
         chunk_name, position = self._chunks[index], self._positions[index]

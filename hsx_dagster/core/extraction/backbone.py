@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from hsx_dagster.core.model_info import ModelDirError, check_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +89,6 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     raise BackboneError(f"{type(model).__name__}: cannot find the list of decoder layers")
 
 
-def check_model_dir(model_path: Path) -> None:
-    """Refuse a directory without a config or weights before anything heavy happens."""
-    if not (model_path / "config.json").is_file():
-        raise BackboneError(f"{model_path}: no config.json (not a Hugging Face model directory)")
-    if not any(model_path.glob("*.safetensors")) and not any(model_path.glob("*.bin")):
-        raise BackboneError(f"{model_path}: no weights (*.safetensors or *.bin) found")
-    from hsx_dagster.core.settings import missing_weight_files  # here: the GPU benchmark imports this module bare
-
-    missing = missing_weight_files(model_path)
-    if missing:
-        raise BackboneError(
-            f"{model_path}: weight files named by the checkpoint index are missing: {', '.join(missing[:5])}"
-        )
-
-
 def load_backbone(
     model_path: Path,
     layer_ids: Sequence[int],
@@ -118,7 +104,10 @@ def load_backbone(
     from transformers.utils import logging as hf_logging
 
     model_path = Path(model_path)
-    check_model_dir(model_path)
+    try:
+        check_model_dir(model_path)
+    except ModelDirError as exc:
+        raise BackboneError(str(exc)) from None
     if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise BackboneError(
             "extraction.attn_implementation is flash_attention_2 but flash-attn is not installed; use sdpa"
@@ -179,21 +168,3 @@ def load_backbone(
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return Backbone(model, info)
-
-
-def model_fingerprint(model_path: Path) -> dict[str, str]:
-    """Hashes of what defines the model: its config and its weights index (or weight file names and sizes)."""
-    import hashlib
-
-    model_path = Path(model_path)
-    config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
-    config.pop("transformers_version", None)
-    config_hash = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    index_files = sorted(model_path.glob("*.index.json"))
-    if index_files:
-        weights = b"".join(path.read_bytes() for path in index_files)
-    else:
-        weights = json.dumps(
-            sorted((p.name, p.stat().st_size) for p in [*model_path.glob("*.safetensors"), *model_path.glob("*.bin")])
-        ).encode()
-    return {"config_sha256": config_hash, "weights_index_sha256": hashlib.sha256(weights).hexdigest()}

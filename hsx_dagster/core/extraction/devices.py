@@ -14,7 +14,8 @@ import json
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -24,6 +25,12 @@ DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the G
 
 class DeviceBusyError(RuntimeError):
     """No device of the list was free within the wait."""
+
+
+def visible_gpus() -> int:
+    import torch  # here: the settings import this module for its defaults and must stay light
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def candidate_devices(devices: Sequence[str], cuda_count: int) -> list[str]:
@@ -110,3 +117,14 @@ def _holder(lock_dir: Path, device: str) -> str:
         return f"held by {info['owner']} (pid {info['pid']} on {info['host']})"
     except (OSError, ValueError, KeyError):
         return "held"
+
+
+@contextmanager
+def claimed_device(
+    devices: Sequence[str], shard_index: int, *, owner: str, lock_dir: Path = DEFAULT_LOCK_DIR, wait_s: float = 0.0
+) -> Iterator[str]:
+    """The concrete device (``cuda:1``, ``cpu``) this process holds until the block ends; ``devices``
+    as in the settings (``auto``, ``cuda``, ``cuda:N``, ``cpu``)."""
+    candidates = candidate_devices(devices, visible_gpus())
+    with claim_device(candidates, shard_index, owner=owner, lock_dir=Path(lock_dir), wait_s=wait_s) as claim:
+        yield claim.device

@@ -136,9 +136,11 @@ def extract_shard(
     options: ExtractOptions,
     metadata: dict[str, str],
     progress: Callable[[str], None] | None = None,
+    pending: np.ndarray | None = None,
 ) -> ExtractionReport:
     """Extract every sample of ``samples`` (columns sample_id, input_ids, loss_mask, num_tokens) that
-    the store has not committed yet. Returns what this run did."""
+    the store has not committed yet (``pending``, a row mask, when the caller has it already).
+    Returns what this run did."""
     report = progress or log.info
     started = time.perf_counter()
     device = next(backbone.model.parameters()).device
@@ -147,12 +149,11 @@ def extract_shard(
         torch.cuda.reset_peak_memory_stats(device)
 
     all_ids = samples.column("sample_id").to_numpy()
-    done = store.done_sample_ids
-    todo = np.flatnonzero(~np.isin(all_ids, np.fromiter(done, dtype=np.int64, count=len(done))))
+    todo = np.flatnonzero(store.pending_mask(all_ids) if pending is None else pending)
     lengths = samples.column("num_tokens").to_numpy()[todo].astype(np.int64)
     input_ids = samples.column("input_ids").combine_chunks()
     loss_mask = samples.column("loss_mask").combine_chunks()
-    if done:
+    if len(todo) < len(all_ids):
         report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
 
     budget = options.max_batch_tokens

@@ -18,12 +18,14 @@ import pyarrow as pa
 import torch
 
 from hsx_dagster import __version__
-from hsx_dagster.core.extraction.backbone import BackboneInfo, check_model_dir, load_backbone, model_fingerprint
-from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR, candidate_devices, claim_device
+from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
+from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR, claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, ExtractOptions, extract_shard
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.layers import LAYER_CONVENTION
+from hsx_dagster.core.model_info import check_model_dir, model_fingerprint
+from hsx_dagster.core.settings import ExtractionSettings, Settings
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
     COMPUTE_DTYPES,
@@ -60,6 +62,36 @@ class ShardJob:
     on_mismatch: str = "refuse"  # the folder was made differently: refuse, or start_over (delete and redo)
     owner: str = "hsx"  # who holds the device, for the message another run sees (e.g. the Dagster run id)
 
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, shard: str, extraction: ExtractionSettings | None = None, owner: str = "hsx"
+    ) -> ShardJob:
+        """The job for one shard of ``settings``; ``extraction`` overrides its extraction section (run config).
+        A key that is not one of the shards is a SettingsError naming `shards`."""
+        extraction = extraction or settings.extraction
+        return cls(
+            shard=shard,
+            shard_index=settings.shard_index(shard),
+            tokenized_dir=settings.tokenized_dir,
+            output_dir=settings.shard_dir(shard),
+            model_path=settings.model.path,
+            layer_ids=tuple(settings.layer_ids),
+            include_final=settings.model.include_final,
+            trust_remote_code=settings.model.trust_remote_code,
+            devices=tuple(extraction.devices),
+            compute_dtype=extraction.compute_dtype,
+            storage_dtype=extraction.storage_dtype,
+            nan_policy=extraction.nan_policy,
+            attn_implementation=extraction.attn_implementation,
+            batch_size=extraction.batch_size,
+            max_batch_tokens=extraction.max_batch_tokens,
+            chunk_bytes=int(extraction.chunk_mb * 2**20),
+            device_wait_s=extraction.device_wait_s,
+            device_lock_dir=extraction.device_lock_dir,
+            on_mismatch=extraction.on_mismatch,
+            owner=owner,
+        )
+
 
 @dataclass
 class ShardResult:
@@ -68,10 +100,6 @@ class ShardResult:
     compute_dtype: str
     totals: dict  # over every committed chunk of the shard, this run's and earlier ones
     quarantined: int  # samples of the shard set aside with a reason, by this run and earlier ones
-
-
-def visible_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -96,11 +124,10 @@ def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> S
         job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
     )
     check_model_dir(job.model_path)
-    candidates = candidate_devices(job.devices, visible_gpus())
-    with claim_device(
-        candidates, job.shard_index, owner=job.owner, lock_dir=Path(job.device_lock_dir), wait_s=job.device_wait_s
-    ) as claim:
-        return _run_on_device(job, table, torch.device(claim.device), report)
+    with claimed_device(
+        job.devices, job.shard_index, owner=job.owner, lock_dir=job.device_lock_dir, wait_s=job.device_wait_s
+    ) as device:
+        return _run_on_device(job, table, torch.device(device), report)
 
 
 def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report: Callable[[str], None]) -> ShardResult:
@@ -120,8 +147,7 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
     }
     with ShardStore(job.output_dir, provenance, on_mismatch=job.on_mismatch, report=report) as store:
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
-        done = store.done_sample_ids
-        todo = ~np.isin(table.column("sample_id").to_numpy(), np.fromiter(done, dtype=np.int64, count=len(done)))
+        todo = store.pending_mask(table.column("sample_id").to_numpy())
         _check_disk_space(job, table, todo)
         if not todo.any():
             report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
@@ -161,7 +187,7 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
             nan_policy=job.nan_policy,
         )
         try:
-            result = extract_shard(job.shard, table, backbone, store, options, metadata, progress=report)
+            result = extract_shard(job.shard, table, backbone, store, options, metadata, progress=report, pending=todo)
         finally:
             backbone.close()
         return _finish(job, table, store, provenance, result, backbone.info)

@@ -9,12 +9,12 @@ dataset's metadata, and checked against the free disk at the start of each shard
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import bytes_per_vector
 
@@ -38,9 +38,9 @@ class StoredShape:
 
     @classmethod
     def of_model(cls, model_path: Path, layer_ids: list[int] | tuple[int, ...], include_final: bool) -> StoredShape:
-        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
-        text_config = config.get("text_config") or config  # multimodal wrappers nest the language model
-        return cls(layers=len(layer_ids) + int(include_final), hidden_size=int(text_config["hidden_size"]))
+        return cls(
+            layers=len(layer_ids) + int(include_final), hidden_size=ModelInfo.read(model_path).require_hidden_size()
+        )
 
 
 def estimate_bytes(tokens: int, samples: int, shape: StoredShape, storage_dtype: str, chunk_bytes: int) -> int:

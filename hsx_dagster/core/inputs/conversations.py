@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -213,7 +213,7 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
             nonlocal at
             while True:
                 fill(1)
-                at = _WHITESPACE.match(text, at).end()
+                at = _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # \s* always matches
                 if at < len(text) or eof:
                     return
 
@@ -351,7 +351,9 @@ def _text_content(content: Any) -> str | None:
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+    if path.name.lower().endswith(".gz"):
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb")
 
 
 def _open_text(path: Path) -> IO[str]:

@@ -7,6 +7,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ class HostBatch:
     lengths: list[int]
     tensors: dict[str, torch.Tensor]
     nonfinite: torch.Tensor | None = None
-    ready: object | None = None  # a CUDA event to wait on before reading the host tensors
+    ready: Any = None  # a CUDA event to wait on before reading the host tensors
 
     @property
     def nbytes(self) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save as safetensors_bytes
 
@@ -122,6 +123,7 @@ class ShardStore:
     def _start_over(self, details: str, report: Callable[[str], None]) -> None:
         """Delete what the shard holds, index first: once it is gone no chunk counts as committed, so a
         crash part-way leaves nothing a later run could mistake for work done; shard.json goes last."""
+        samples: int | str
         try:
             samples = sum(record.samples for record in read_index(self.directory))
         except StoreError:
@@ -151,6 +153,11 @@ class ShardStore:
         """Committed or quarantined: either way a re-run does not redo them."""
         committed = {sample_id for record in self.records for sample_id in record.sample_ids}
         return committed | {record.sample_id for record in self.quarantined}
+
+    def pending_mask(self, sample_ids: np.ndarray) -> np.ndarray:
+        """True where a sample is neither committed nor quarantined: what a run still has to extract."""
+        done = self.done_sample_ids
+        return ~np.isin(sample_ids, np.fromiter(done, dtype=np.int64, count=len(done)))
 
     def quarantine(self, records: Sequence[QuarantineRecord]) -> None:
         append_lines(self.directory / SHARD_QUARANTINE_FILE, [asdict(record) for record in records])
