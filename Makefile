@@ -3,8 +3,8 @@
 #   make test   the test suite (what CI runs); make test-quick leaves out the slow tests (servers, CLI runs, kills)
 #   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
-#   make bench  the CPU benchmark (under 10 minutes on 2 cores): benchmarks/results/<date>-cpu.{json,md}
-#   make bench-gpu  the GPU benchmark (one GPU, under 8 minutes): benchmarks/results/<date>-gpu.{json,md}
+#   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}
+#   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}
 
 PYTHON ?= python3
 VENV := .venv

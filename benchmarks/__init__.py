@@ -1,4 +1,4 @@
-"""Throughput, storage and memory benchmarks of the extraction pipeline (see BENCHMARKS.md).
+"""Throughput, storage and memory benchmarks of the extraction pipeline (see docs/benchmarks.md).
 
 cpu.py           `make bench`: the CPU benchmark, all sections, one JSON + one Markdown report
 contestants.py   naive (the floor), bare forward (the ceiling) and our pipeline

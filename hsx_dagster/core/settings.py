@@ -86,7 +86,8 @@ class ExtractionSettings(_Section):
         "auto", description="auto: bfloat16 on a GPU, float32 on the CPU"
     )
     storage_dtype: Literal["bfloat16", "float16", "float32", "float8_e4m3"] = Field(
-        "bfloat16", description="float8_e4m3: block-scaled fp8, half of bfloat16's bytes, about 2.4% error per token"
+        "bfloat16",
+        description="float8_e4m3: block-scaled fp8, half of bfloat16's bytes (error per token: docs/benchmarks.md)",
     )
     nan_policy: Literal["fail", "quarantine"] = Field(
         "fail",

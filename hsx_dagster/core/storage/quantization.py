@@ -1,5 +1,5 @@
 """Block-scaled fp8 (e4m3) storage of hidden states: half the bytes of bfloat16 on disk and on the
-device-to-host copy, about 2.5% relative error per token (median).
+device-to-host copy, at a few percent relative error per token (measured by `make bench`, docs/benchmarks.md).
 
 Each token's vector (per layer) is cut into blocks of ``block_size`` consecutive channels, and each
 block gets its own scale: the power of two that brings the block's absolute maximum into e4m3's
