@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 __all__ = ["DrafterDataset", "__version__", "collate_drafter_batch"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # The reader imports torch; keep `import hsx_dagster.core.settings` and the CLI light.
     if name in ("DrafterDataset", "collate_drafter_batch"):
         from hsx_dagster.core.dataset import reader

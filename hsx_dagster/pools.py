@@ -11,6 +11,7 @@ launches shards together. Once the row exists with the instance's default, steps
 import logging
 
 from dagster import DagsterInstance
+from dagster._core.storage.event_log.base import PoolLimit
 from sqlalchemy.exc import SQLAlchemyError
 
 GPU_POOL = "gpu"
@@ -53,5 +54,5 @@ def prepare_pool(
     return current.limit
 
 
-def _pool_limit(instance: DagsterInstance, pool: str):
+def _pool_limit(instance: DagsterInstance, pool: str) -> PoolLimit | None:
     return next((limit for limit in instance.event_log_storage.get_pool_limits() if limit.name == pool), None)

@@ -64,7 +64,7 @@ class DeviceClaim:
     def __enter__(self) -> DeviceClaim:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

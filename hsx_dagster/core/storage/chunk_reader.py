@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -26,7 +27,7 @@ def iter_shard_samples(directory: Path, dtype: torch.dtype | None = None) -> Ite
 
 
 def read_sample(
-    chunk, start: int, end: int, dtype: torch.dtype | None = None, raw: bool = False
+    chunk: Any, start: int, end: int, dtype: torch.dtype | None = None, raw: bool = False
 ) -> dict[str, torch.Tensor]:
     """Tokens ``start:end`` of an open chunk (memory-mapped slices, nothing else is read).
 

@@ -191,7 +191,7 @@ class ShardStore:
     def __enter__(self) -> ShardStore:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -222,6 +222,6 @@ def shard_totals(directory: Path) -> dict:
     return totals_of(read_index(directory))
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 24 else text[:20] + "..."
