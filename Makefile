@@ -5,13 +5,14 @@
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
 #   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}
 #   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}
+#   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-quick check ui bench bench-gpu install data instance clean
+.PHONY: demo test test-quick check ui bench bench-gpu bench-regen install data instance clean
 
 install: $(VENV)/.installed
 
@@ -25,18 +26,27 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 data: install
 	$(BIN)/python -m hsx_dagster.demo build --out data
 
+# Slots of the `gpu` pool: one per GPU that nvidia-smi lists, 1 without GPUs (`make instance GPUS=4` to choose).
+GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 instance:
 	mkdir -p $(DAGSTER_HOME)
-	cp deploy/local/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	sed 's/^\(    default_limit:\) .*/\1 $(or $(filter-out 0,$(strip $(GPUS))),1)/' deploy/local/dagster.yaml > $(DAGSTER_HOME)/dagster.yaml
 
-DAGSTER_MATERIALIZE := $(BIN)/dagster asset materialize -m hsx_dagster.definitions
+DAGSTER_CLI := -m hsx_dagster.definitions
+DAGSTER_MATERIALIZE := $(BIN)/dagster asset materialize $(DAGSTER_CLI)
 
 demo: data instance
+	# The inputs' content hashes first: every output records what it was made from (the UI then knows what is stale).
+	$(BIN)/dagster job execute $(DAGSTER_CLI) -j observe_inputs
+	# With regenerate.enabled the target first rewrites the assistant turns (docs/regeneration.md).
+	if $(BIN)/python -c 'from hsx_dagster.core.settings import load_settings; exit(not load_settings().regenerate.enabled)'; then \
+		$(DAGSTER_MATERIALIZE) --select regenerated_conversations || exit 1; \
+	fi
 	$(DAGSTER_MATERIALIZE) --select tokenized_dataset
-	# One run per shard, as on a GPU box (one shard per GPU); here they run one after another on the CPU.
-	for shard in $$($(BIN)/python -c 'from hsx_dagster.core.settings import load_settings; print(*load_settings().shard_keys)'); do \
-		$(DAGSTER_MATERIALIZE) --select hidden_states --partition $$shard || exit 1; \
-	done
+	# One run per shard of the job hidden_states_shard, launched as the UI launches them (listed on the job's page and
+	# each partition), as on a GPU box (one shard per GPU); here one after another on the CPU. Each run checks its
+	# shard (blocking checks shard_coverage, shard_integrity, shard_numerics); python -m hsx_dagster.launch --help.
+	$(BIN)/python -m hsx_dagster.launch $$($(BIN)/python -c 'from hsx_dagster.core.settings import load_settings; print(*load_settings().shard_keys)')
 	$(DAGSTER_MATERIALIZE) --select drafter_dataset
 	@echo
 	@$(BIN)/python -m hsx_dagster.report
@@ -55,13 +65,18 @@ check: install
 bench: data
 	$(BIN)/python -m benchmarks.cpu
 
+bench-regen: data
+	$(BIN)/python -m benchmarks.regeneration
+
 # Needs the core's dependencies (torch, transformers, safetensors, pyarrow, pydantic-settings, ...), not dagster:
 # runs with a GPU box's own Python when there is no .venv.
 bench-gpu:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/gpu.py
 
+# dagster dev runs the webserver and the daemon: the retry schedule, and the sensor hsx_automation that observes
+# the inputs and materializes drafter_dataset once every shard is newer than it.
 ui: data instance
-	$(BIN)/dagster dev -m hsx_dagster.definitions -h 127.0.0.1 -p 3000
+	$(BIN)/dagster dev $(DAGSTER_CLI) -h 127.0.0.1 -p 3000
 
 clean:
 	rm -rf data/out $(DAGSTER_HOME)

@@ -8,6 +8,7 @@ rounds; ratios are medians of the per-round ratios (paired, so a slow round slow
 
     .venv/bin/python -m benchmarks.cpu                       # everything, under 10 minutes on 2 cores
     .venv/bin/python -m benchmarks.cpu --samples 8 --rounds 1 --memory-samples 8 --out /tmp/bench
+    .venv/bin/python -m benchmarks.cpu --batch-shape-only   # auto against a sweep of fixed shapes, alone
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow as pa
 import torch
 import transformers
 
+from benchmarks.batch_shape import measure_batch_shape, render_batch_shape, shape_samples
 from benchmarks.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline
 from benchmarks.measure import Run, median, mib, timed, tree_bytes
 from benchmarks.memory import measure_memory
@@ -43,7 +45,7 @@ from benchmarks.storage import (
     relative_errors,
     storage_dtypes,
 )
-from benchmarks.tokenization import COLUMNS, measure_tokenization
+from benchmarks.tokenization import COLUMNS, measure_tokenization, measure_workers, render_workers
 from hsx_dagster.core.extraction.backbone import load_backbone
 from hsx_dagster.core.extraction.batching import padding_efficiency, plan_batches
 from hsx_dagster.core.extraction.engine import ExtractOptions
@@ -57,6 +59,7 @@ TARGETS = {
     "padding_efficiency": 0.97,
     "bytes_over_payload": 1.01,
     "memory_growth": 1.10,
+    "auto_over_best_bare": 0.90,
 }
 
 
@@ -106,6 +109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--memory-samples", type=int, default=64, help="samples of the 1x memory run")
     parser.add_argument("--memory-factor", type=int, default=10)
     parser.add_argument("--tokenize-repeats", type=int, default=3)
+    parser.add_argument(
+        "--tokenize-conversations",
+        type=int,
+        default=20_000,
+        help="generated conversations of the tokenize_workers 1 vs 2 comparison (0: leave it out)",
+    )
+    parser.add_argument("--tokenize-rounds", type=int, default=2, help="interleaved rounds of that comparison")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument(
         "--quiet-cores",
@@ -121,7 +131,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out", type=Path, default=REPO / "benchmarks" / "results", help="folder of the JSON and Markdown results"
     )
     parser.add_argument("--date", default=datetime.date.today().isoformat(), help="date in the result file names")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--shape-samples",
+        type=int,
+        default=None,
+        help="samples of the batch-shape section (auto against a sweep of fixed shapes; 0: leave it out); "
+        "default 600, or 4 x --samples when that is fewer",
+    )
+    parser.add_argument(
+        "--batch-shape-only",
+        action="store_true",
+        help="run only the batch-shape section (Qwen3.6-shaped model): <date>-cpu-batch-shape.json and .md",
+    )
+    args = parser.parse_args(argv)
+    if args.shape_samples is None:
+        args.shape_samples = min(600, 4 * args.samples)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,10 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_bytes=int(args.chunk_mb * 2**20)
     )
 
+    if args.batch_shape_only:
+        return _batch_shape_only(args, started, load_start)
     with tempfile.TemporaryDirectory(prefix="hsx-bench-") as tmp:
         work = Path(tmp)
         print("tokenizing the demo conversations ...", file=sys.stderr)
         tokenization = measure_tokenization(work / "tokenized", args.tokenize_repeats)
+        if args.tokenize_conversations:
+            print(f"tokenize_workers 1 vs 2 on {args.tokenize_conversations} conversations ...", file=sys.stderr)
+            (work / "workers").mkdir()
+            tokenization["workers"] = measure_workers(
+                work / "workers", args.tokenize_conversations, args.tokenize_rounds, workers=2
+            )
         everything = read_tokenized_shard(work / "tokenized", "shard-00", columns=COLUMNS)
         samples = pick_samples(everything, args.samples, args.batch_size, args.max_batch_tokens)
 
@@ -151,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
 
         kept = _measure(jobs, loaded, samples, options, work, args, started)
         storage = _storage(jobs, kept, loaded, samples, args.storage_models)
+        batch_shape = None
+        if args.shape_samples and HEADLINE in loaded:
+            model = loaded[HEADLINE]
+            batch_shape = measure_batch_shape(
+                model.backbone, model.info, shape_samples(everything, args.shape_samples), options.chunk_bytes,
+                work, args.rounds, quiet_cores=args.quiet_cores, max_repeats=args.max_repeats,
+                deadline=started + args.budget_s,
+            )  # fmt: skip
         print("memory scaling (child processes) ...", file=sys.stderr)
         memory = measure_memory(loaded[HEADLINE].directory if HEADLINE in loaded else loaded[names[0]].directory,
                                 work / "tokenized", args.memory_samples, args.memory_factor, options)  # fmt: skip
@@ -184,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "noise": _noise(jobs, args.quiet_cores),
         "memory": memory,
         "tokenization": tokenization,
+        "batch_shape": batch_shape,
     }
     results["targets"] = _targets(results, args.models)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
@@ -192,6 +234,51 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(results)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"{args.date}-cpu"
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    stem.with_suffix(".md").write_text(markdown, encoding="utf-8")
+    print(markdown)
+    print(f"written: {stem}.json, {stem}.md ({results['elapsed_s']:.0f} s)")
+    return 0
+
+
+def _batch_shape_only(args, started: float, load_start) -> int:
+    """The batch-shape section alone: tokenize, load the Qwen3.6-shaped model, interleaved rounds."""
+    with tempfile.TemporaryDirectory(prefix="hsx-bench-") as tmp:
+        work = Path(tmp)
+        print("tokenizing the demo conversations ...", file=sys.stderr)
+        measure_tokenization(work / "tokenized", 1)
+        everything = read_tokenized_shard(work / "tokenized", "shard-00", columns=COLUMNS)
+        model = _load(HEADLINE, work, args.hidden_size, naive=False)
+        section = measure_batch_shape(
+            model.backbone, model.info, shape_samples(everything, args.shape_samples), int(args.chunk_mb * 2**20),
+            work, args.rounds, quiet_cores=args.quiet_cores, max_repeats=args.max_repeats,
+            deadline=started + args.budget_s,
+        )  # fmt: skip
+    results = {
+        "date": args.date,
+        "machine": _machine(args.threads, load_start),
+        "model": HEADLINE,
+        "facts": model.facts,
+        "chunk_bytes": int(args.chunk_mb * 2**20),
+        "batch_shape": section,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    results["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    m = results["machine"]
+    markdown = "\n".join(
+        [
+            f"# CPU benchmark, batch shape only, {args.date}",
+            "",
+            f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}; model {HEADLINE} "
+            f"({model.facts['about']}); chunks of {args.chunk_mb:g} MiB. Load average "
+            f"{m['load_average_start'][0]} at the start, {m['load_average_end'][0]} at the end; "
+            f"{results['elapsed_s']:.0f} s in all.",
+            "",
+            *render_batch_shape(section),
+        ]
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{args.date}-cpu-batch-shape"
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     stem.with_suffix(".md").write_text(markdown, encoding="utf-8")
     print(markdown)
@@ -408,6 +495,10 @@ def _targets(results: dict, models: list[str]) -> list[dict]:
         rows.append(
             _target(f"pipeline / naive >= {t['pipeline_over_naive']:.0f}x", HEADLINE, ratio, t["pipeline_over_naive"])
         )
+    workers = results.get("tokenization", {}).get("workers")
+    if workers:
+        bound = workers["target_speedup"]
+        rows.append(_target(f"tokenize_workers 2 / 1 >= {bound}x", "tokenizer", workers["speedup"]["median"], bound))
     efficiency = results["samples"]["demo_set_padding_efficiency"]
     rows.append(
         _target(
@@ -426,6 +517,15 @@ def _targets(results: dict, models: list[str]) -> list[dict]:
                 ratio,
                 t["bytes_over_payload"],
                 at_most=True,
+            )
+        )
+    if results.get("batch_shape"):
+        rows.append(
+            _target(
+                f"auto pipeline / best bare of the sweep >= {t['auto_over_best_bare']}",
+                HEADLINE,
+                results["batch_shape"]["auto_over_best_bare"]["median"],
+                t["auto_over_best_bare"],
             )
         )
     growth = results["memory"]["peak_ratio"]
@@ -595,6 +695,8 @@ def render(results: dict) -> str:
         f"included: {mem['process_peak_ratio']}.",
         "",
     ]
+    if results.get("batch_shape"):
+        out += render_batch_shape(results["batch_shape"])
     tok = results["tokenization"]
     out += [
         "## Tokenization",
@@ -603,6 +705,7 @@ def render(results: dict) -> str:
         f"{tok['conversations_per_s']:,} conversations/s, {tok['tokens_per_s']:,} tokens/s (median of "
         f"{len(tok['seconds'])}).",
         "",
+        *([render_workers(tok["workers"]), ""] if tok.get("workers") else []),
         "## Targets",
         "",
         table(

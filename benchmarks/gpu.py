@@ -26,8 +26,10 @@ import copy
 import datetime
 import importlib.util
 import json
+import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -103,6 +105,9 @@ SMOKE = dict(
     max_position_embeddings=4096,
 )  # fmt: skip
 SMOKE_MROPE = [2, 1, 1]  # head_dim 32 x 0.25 rotary = 4 frequencies
+# The auto row: the pipeline with no batch settings against bare at each (rows, tokens) of a sweep.
+GPU_SWEEP = ((32, 16_384), (64, 65_536), (128, 131_072))
+SMOKE_SWEEP = ((4, 256), (16, 1024))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -341,6 +346,60 @@ def truncated_backbone(causal_lm: torch.nn.Module, layer_ids: list[int], device:
     return backbone, info
 
 
+# Run in a fresh process, so its peak RSS is the loading's alone: load_backbone on a saved checkpoint.
+LOAD_PROBE = """
+import json, resource, sys, time
+import torch
+import transformers  # imported (and the GPU context made) before the baseline: only the loading is measured
+from hsx_dagster.core.extraction.backbone import load_backbone
+from hsx_dagster.core.storage.format import COMPUTE_DTYPES
+path, layer_ids, device, dtype = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+if device.startswith("cuda"):
+    torch.zeros(1, device=device)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+started = time.perf_counter()
+backbone = load_backbone(path, layer_ids, device=device, compute_dtype=COMPUTE_DTYPES[dtype])
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+seconds = time.perf_counter() - started
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+loaded = sum(p.numel() * p.element_size() for p in backbone.model.parameters())
+print(json.dumps({"load_s": seconds, "rss_before": before, "rss_peak": peak, "loaded_bytes": loaded,
+                  "attn_implementation": backbone.info.attn_implementation}))
+"""
+
+
+def measure_loading(causal_lm, layer_ids: list[int], device: torch.device, dtype: torch.dtype, folder: Path) -> dict:
+    """Save ``causal_lm`` as a sharded checkpoint and load its backbone with load_backbone in a fresh process:
+    the seconds, and the host's peak RSS above what the process held before (on a GPU the weights go
+    straight to the device, so it stays far below the bytes loaded)."""
+    checkpoint_bytes = sum(p.numel() * p.element_size() for p in causal_lm.parameters())
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < 1.5 * checkpoint_bytes:
+        return {"skipped": f"{free / 2**30:.0f} GiB free for a {checkpoint_bytes / 2**30:.0f} GiB checkpoint"}
+    try:
+        causal_lm.save_pretrained(folder, max_shard_size="4GB")
+        completed = subprocess.run(
+            [sys.executable, "-c", LOAD_PROBE, str(folder), json.dumps(layer_ids), str(device),
+             str(dtype).removeprefix("torch.")],
+            capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False,
+        )  # fmt: skip
+        if completed.returncode != 0:
+            raise RuntimeError(f"loading probe failed: {completed.stderr[-2000:]}")
+        probe = json.loads(completed.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "checkpoint_gib": round(checkpoint_bytes / 2**30, 2),
+        "loaded_gib": round(probe["loaded_bytes"] / 2**30, 2),
+        "load_s": round(probe["load_s"], 1),
+        "host_peak_rss_gib": round(probe["rss_peak"] / 2**30, 2),
+        "host_rss_growth_gib": round((probe["rss_peak"] - probe["rss_before"]) / 2**30, 2),
+        "attn_implementation": probe["attn_implementation"],
+    }
+
+
 def matmul_parameters(model: torch.nn.Module) -> int:
     """Parameters a forward pass multiplies with: all but the embedding table (a lookup)."""
     return sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
@@ -394,28 +453,43 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         with torch.random.fork_rng(devices=[]):
             check_against_reference(causal_lm, model_class(config))
     layer_ids = resolve_layers(LAYERS, config.num_hidden_layers)
+    loading = measure_loading(causal_lm, layer_ids, device, dtype, out / "checkpoint")
+    print(f"{name}: loading from a checkpoint: {loading}", file=sys.stderr)
     backbone, info = truncated_backbone(causal_lm, layer_ids, device, dtype)
     samples = make_samples(count, args.mean_tokens, config.vocab_size, args.seed)
     tokens = int(np.sum(samples.column("num_tokens").to_numpy()))
     options = ExtractOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens)
+    sweep = {
+        f"bare {tokens:,} x {rows}": ExtractOptions(batch_size=rows, max_batch_tokens=tokens)
+        for rows, tokens in (SMOKE_SWEEP if args.smoke else GPU_SWEEP)
+    }
+    names = (*CONTESTANTS, *sweep, "pipeline auto")
+    auto_reports: list[dict] = []
     _check_finite(backbone, device)
     print(f"{name}: built in {build_s:.1f} s; {count} samples, {tokens} tokens", file=sys.stderr)
 
     def execute(contestant: str, table: pa.Table, folder: Path):
+        if contestant in sweep:
+            return run_bare(backbone, table, sweep[contestant])  # noqa: F821
+        if contestant == "pipeline auto":  # ExtractOptions() has no batch settings: batch_size, max_batch_tokens auto
+            auto_reports.append(run_pipeline(backbone, info, table, ExtractOptions(), folder))  # noqa: F821
+            return auto_reports[-1]
         if contestant == "naive":
             return run_naive(causal_lm, table, layer_ids, folder, dtype)  # noqa: F821 (ruff misreads the del below)
         if contestant == "bare":
             return run_bare(backbone, table, options)  # noqa: F821
         return run_pipeline(backbone, info, table, options, folder)  # noqa: F821
 
-    for contestant in CONTESTANTS:  # warm-up: kernels, allocator, pinned memory
+    for contestant in names:  # warm-up: kernels, allocator, pinned memory
         execute(contestant, samples.slice(0, min(4, count)), out / "warm-up")
         shutil.rmtree(out / "warm-up", ignore_errors=True)
-    runs: dict[str, list[dict]] = {c: [] for c in CONTESTANTS}
+    auto_reports.clear()
+    runs: dict[str, list[dict]] = {c: [] for c in names}
     for round_number in range(args.rounds):
         round_started = time.perf_counter()
-        for contestant in CONTESTANTS[round_number % 3 :] + CONTESTANTS[: round_number % 3]:
-            folder = out / f"{contestant}-{round_number}"
+        shift = round_number % len(names)
+        for contestant in names[shift:] + names[:shift]:
+            folder = out / f"{contestant.replace(' ', '-').replace(',', '')}-{round_number}"
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             seconds = _timed(device, lambda c=contestant, f=folder: execute(c, samples, f))
@@ -437,6 +511,7 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         "naive": matmul_parameters(causal_lm),
         "bare": matmul_parameters(backbone),
         "pipeline": matmul_parameters(backbone),
+        **{contestant: matmul_parameters(backbone) for contestant in (*sweep, "pipeline auto")},
     }
     figures = {}
     for contestant, entries in runs.items():
@@ -465,6 +540,7 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         "attn_implementation": info.attn_implementation,
         "linear_attention": linear_attention_kernel(causal_lm),
         "build_s": round(build_s, 1),
+        "loading": loading,
         "samples": count,
         "tokens": tokens,
         "mean_tokens": round(tokens / count, 1),
@@ -472,11 +548,30 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         "contestants": figures,
         "pipeline_over_naive": paired("naive", "pipeline"),
         "pipeline_over_bare": paired("bare", "pipeline"),
+        "batch_shape": _auto_row(runs, ["bare", *sweep], auto_reports),
     }
     del causal_lm, backbone
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _auto_row(runs: dict[str, list[dict]], bare: list[str], reports: list[dict]) -> dict:
+    """The pipeline with auto batch shapes against the fastest bare shape of each round."""
+    rounds = len(runs["pipeline auto"])
+    ratios = [min(runs[b][k]["seconds"] for b in bare) / runs["pipeline auto"][k]["seconds"] for k in range(rounds)]
+    return {
+        "bare_shapes": {"bare": "--batch-size x --max-batch-tokens", **{b: b for b in bare if b != "bare"}},
+        "auto_over_best_bare": {
+            "per_round": [round(r, 3) for r in ratios],
+            "median": round(float(np.median(ratios)), 3),
+        },
+        "chosen": [f"{r['final_max_batch_tokens']:,} tokens x {r['final_batch_size']} rows" for r in reports],
+        "probe_s": [r["batch_shape"]["probe_s"] for r in reports],
+        "probe_overhead_s": [r["batch_shape"]["probe_overhead_s"] for r in reports],
+        "probe_table_first_round": reports[0]["batch_shape"]["probe_table"] if reports else [],
+        "token_cap": [r["batch_shape"]["token_cap"] for r in reports],
+    }
 
 
 def _check_finite(backbone: torch.nn.Module, device: torch.device) -> None:
@@ -533,6 +628,23 @@ def render(results: dict) -> str:
             f"{r['mean_tokens']} tokens, "
             f"{r['rounds']} rounds, attention {r['attn_implementation']}{kernel}; built in {r['build_s']} s"
         )
+        load = r.get("loading") or {}
+        if "load_s" in load:
+            lines.append(
+                f"  - loaded from a {load['checkpoint_gib']} GiB checkpoint by load_backbone in {load['load_s']} s: "
+                f"{load['loaded_gib']} GiB of weights, host peak RSS {load['host_peak_rss_gib']} GiB "
+                f"(+{load['host_rss_growth_gib']} GiB while loading), attention {load['attn_implementation']}"
+            )
+        elif load:
+            lines.append(f"  - loading not measured: {load['skipped']}")
+        shape = r.get("batch_shape")
+        if shape:
+            lines.append(
+                f"  - defaults (batch_size, max_batch_tokens auto) / best bare shape of the sweep: "
+                f"{shape['auto_over_best_bare']['median']} (per round {shape['auto_over_best_bare']['per_round']}); "
+                f"chose {', '.join(shape['chosen'])}; probe {shape['probe_s']} s, lost to slower shapes "
+                f"{shape['probe_overhead_s']} s"
+            )
     return "\n".join(lines) + "\n"
 
 

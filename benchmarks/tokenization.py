@@ -1,21 +1,42 @@
-"""Throughput of the tokenized_dataset step on the demo conversations: read, render with the chat
-template, tokenise, build loss masks, balance into shards and write Parquet (tokenizer load included)."""
+"""Throughput of the tokenized_dataset step: read, render with the chat template, tokenise, build loss
+masks, balance into shards and write Parquet (tokenizer load included).
+
+`measure_tokenization`: the demo conversations, in-process (one worker), for the CPU benchmark's table.
+
+`measure_workers`: ``dataset.tokenize_workers`` 1 against N (default 2) on a generated corpus of about
+20,000 conversations (chat and agentic, in the demo's forms). The two contestants run interleaved in
+rounds, in an order that alternates from round to round; each run records how many cores other
+processes kept busy meanwhile, and the speed-up is the median of the per-round ratios (paired, so a
+busy round slows both sides). Every run's Parquet output must be byte-identical to the first one's.
+Runs on its own:
+
+    .venv/bin/python -m benchmarks.tokenization                 # 20,000 conversations, 3 rounds, 1 vs 2
+    .venv/bin/python -m benchmarks.tokenization --conversations 4000 --rounds 1 --workers 2
+"""
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
-from benchmarks.measure import median
+from benchmarks.measure import median, timed
 from benchmarks.models import demo_inputs, demo_model
 from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
 
 COLUMNS = ["sample_id", "input_ids", "loss_mask", "num_tokens"]
+AGENTIC_SHARE = 0.2  # of the generated corpus
 
 
 def measure_tokenization(out_dir: Path, repetitions: int) -> dict:
     """Tokenise the demo ``repetitions`` times into ``out_dir`` (one shard), the last run stays there."""
     runs = [
-        tokenize_dataset(demo_inputs(), demo_model(), out_dir, TokenizeOptions(shards=1)) for _ in range(repetitions)
+        tokenize_dataset(demo_inputs(), demo_model(), out_dir, TokenizeOptions(shards=1, workers=1))
+        for _ in range(repetitions)
     ]
     last = runs[-1]
     records = sum(item["records"] for item in last.inputs)
@@ -28,3 +49,132 @@ def measure_tokenization(out_dir: Path, repetitions: int) -> dict:
         "conversations_per_s": round(records / median(seconds), 1),
         "tokens_per_s": round(last.tokens / median(seconds), 1),
     }
+
+
+def write_corpus(path: Path, conversations: int, seed: int = 7) -> int:
+    """About ``conversations`` records as OpenAI JSON Lines: demo chats and agentic records (tools, tool
+    calls, reasoning in both forms). Deterministic."""
+    from hsx_dagster.demo.conversations import generate_agentic_conversations, generate_conversations
+
+    agentic = int(conversations * AGENTIC_SHARE)
+    chats = generate_conversations(conversations - agentic, seed)
+    records = [{"messages": c} for c in chats] + [
+        {"tools": r["tools"], "messages": r["messages"]} for r in generate_agentic_conversations(agentic, seed + 1)
+    ]
+    with path.open("w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    return len(records)
+
+
+def _output_digest(out_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for file in [*sorted((out_dir / "samples").glob("*.parquet")), out_dir / "rejects.parquet"]:
+        digest.update(file.name.encode() + file.read_bytes())
+    return digest.hexdigest()
+
+
+def _children_cpu() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def measure_workers(work: Path, conversations: int = 20_000, rounds: int = 3, workers: int = 2) -> dict:
+    """Workers 1 against ``workers``, interleaved; conversations/s of each, the paired speed-up, the load."""
+    corpus = work / "corpus.jsonl"
+    records = write_corpus(corpus, conversations)
+    model = demo_model()
+    contestants = (1, workers)
+    runs: dict[int, list] = {count: [] for count in contestants}
+    digests = set()
+    for round_number in range(rounds):
+        order = contestants if round_number % 2 == 0 else contestants[::-1]
+        for count in order:
+            out = work / f"out-{count}"
+            print(f"  round {round_number + 1}/{rounds}: {count} worker(s) ...", file=sys.stderr)
+            children = _children_cpu()
+
+            def tokenize(out: Path = out, count: int = count) -> object:
+                return tokenize_dataset([corpus], model, out, TokenizeOptions(workers=count))
+
+            run = timed(tokenize)
+            # The workers are this run's, not other processes: their CPU (reaped at the pool's shutdown) moves over.
+            workers_cpu = _children_cpu() - children
+            run.cpu_seconds += workers_cpu
+            if run.others_cores is not None:
+                run.others_cores = max(0.0, run.others_cores - workers_cpu / run.seconds)
+            runs[count].append(run)
+            digests.add(_output_digest(out))
+    ratios = [one.seconds / many.seconds for one, many in zip(runs[1], runs[workers])]
+    samples = getattr(runs[1][0].result, "samples", 0)
+
+    def figures(count: int) -> dict:
+        seconds = [run.seconds for run in runs[count]]
+        return {
+            "seconds": [round(s, 2) for s in seconds],
+            "conversations_per_s": round(records / median(seconds), 1),
+            "cpu_seconds": [round(r.cpu_seconds, 2) for r in runs[count]],
+            "others_cores": [None if r.others_cores is None else round(r.others_cores, 2) for r in runs[count]],
+        }
+
+    others = [r.others_cores for count in contestants for r in runs[count] if r.others_cores is not None]
+    return {
+        "conversations": records,
+        "samples": samples,
+        "rounds": rounds,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "workers": {str(count): figures(count) for count in contestants},
+        "speedup": {"median": round(median(ratios), 3), "per_round": [round(r, 3) for r in ratios]},
+        "target_speedup": 1.6,
+        "identical_output": len(digests) == 1,
+        "others_cores_median": round(median(others), 2) if others else None,
+        "others_cores_max": round(max(others), 2) if others else None,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def render_workers(result: dict) -> str:
+    """The Markdown lines of the worker comparison."""
+    rows = [
+        "| workers | conversations/s | seconds per run | CPU seconds per run | others' cores per run |",
+        "|---:|---:|---|---|---|",
+    ]
+    for count, f in result["workers"].items():
+        rows.append(
+            f"| {count} | {f['conversations_per_s']:,} | {f['seconds']} | {f['cpu_seconds']} | {f['others_cores']} |"
+        )
+    speedup = result["speedup"]
+    return "\n".join(
+        [
+            f"{result['conversations']:,} generated conversations (chat and agentic; {result['samples']:,} samples), "
+            f"{result['rounds']} interleaved rounds on {result['cores']} cores:",
+            "",
+            *rows,
+            "",
+            f"Speed-up {speedup['median']}x (median of per-round ratios {speedup['per_round']}; target >= "
+            f"{result['target_speedup']}x); output byte-identical across runs: {result['identical_output']}. "
+            f"Other processes kept a median {result['others_cores_median']} cores busy (max "
+            f"{result['others_cores_max']}); load average at the end {result['load_average']}.",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="dataset.tokenize_workers: 1 against N, interleaved")
+    parser.add_argument("--conversations", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory(prefix="hsx-bench-tokenize-") as tmp:
+        result = measure_workers(Path(tmp), args.conversations, args.rounds, args.workers)
+    print(render_workers(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0 if result["identical_output"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

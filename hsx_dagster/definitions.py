@@ -6,31 +6,74 @@ a bad hsx.yaml fails here with the key named, before any run starts.
 
 from __future__ import annotations
 
-from dagster import Definitions
+import warnings
+
+from dagster import AssetsDefinition, BetaWarning, Definitions, PreviewWarning, with_source_code_references
 
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
 from hsx_dagster.assets.hidden_states import build_hidden_states
+from hsx_dagster.assets.inputs import build_input_assets
+from hsx_dagster.assets.regenerated import with_regeneration
+from hsx_dagster.assets.shard_checks import build_shard_checks
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
+from hsx_dagster.automation import build_automation_sensor
+from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.partitions import shard_partitions
-from hsx_dagster.resources import GpuResource, HsxSettings
-from hsx_dagster.schedules import build_retry_schedule, build_shard_job
+from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
+from hsx_dagster.schedules import build_observe_job, build_retry_schedule, build_shard_job
 
 
 def build_definitions(settings: Settings) -> Definitions:
+    with warnings.catch_warnings():
+        # Partitioned checks, code references and the user-code automation sensor are marked beta/preview;
+        # their use here is tested (test_shard_checks.py, test_automation.py, test_browser.py).
+        warnings.simplefilter("ignore", BetaWarning)
+        warnings.simplefilter("ignore", PreviewWarning)
+        return _build_definitions(settings)
+
+
+def _build_definitions(settings: Settings) -> Definitions:
     partitions = shard_partitions(settings)
     shard_job = build_shard_job(partitions, settings.operations.k8s_run_config)
     retry = build_retry_schedule(shard_job, partitions, settings.operations.retry_cron, settings.operations.max_retries)
+    tokenization, regeneration_checks = with_regeneration(settings, tokenized_dataset)  # regenerate.enabled
     return Definitions(
-        assets=[tokenized_dataset, build_hidden_states(partitions), drafter_dataset],
-        jobs=[shard_job],
+        assets=with_source_code_references(
+            [
+                *build_input_assets(),
+                *with_code_versions([*tokenization, build_hidden_states(partitions), drafter_dataset], settings),
+            ]
+        ),
+        jobs=[shard_job, build_observe_job()],
         schedules=[retry],
-        asset_checks=[tokenized_dataset_consistent, *drafter_checks],
+        sensors=[build_automation_sensor()],
+        asset_checks=[
+            tokenized_dataset_consistent,
+            *regeneration_checks,
+            *build_shard_checks(partitions),
+            *drafter_checks,
+        ],
         resources={
             "settings": HsxSettings(path=str(settings.source)),
             "gpu": GpuResource.from_settings(settings),
+            "generator": GeneratorResource.from_settings(settings),
         },
     )
+
+
+def with_code_versions(assets: list[AssetsDefinition], settings: Settings) -> list[AssetsDefinition]:
+    """Each asset's code version: its format version and the settings that shape it (core/fingerprints.py), so
+    the UI marks what follows a change of layers, dtype or dataset options stale."""
+    versions = code_versions(settings)
+    return [
+        asset.map_asset_specs(
+            lambda spec: spec.replace_attributes(
+                code_version=versions.get(spec.key.to_user_string(), spec.code_version)
+            )
+        )
+        for asset in assets
+    ]
 
 
 defs = build_definitions(load_settings())

@@ -11,6 +11,7 @@ import json
 import sys
 
 from hsx_dagster.core.dataset.assembly import shard_status
+from hsx_dagster.core.extraction.batch_shape import shape_label
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
@@ -66,6 +67,9 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
                     f"  last run {run['samples_per_s']:.1f} samples/s, "
                     f"padding efficiency {run['padding_efficiency']:.3f}"
                 )
+                lines.append(line)
+                lines += batch_shape_lines(run)
+                continue
         lines.append(line)
     manifest_file = settings.drafter_dir / MANIFEST_FILE
     if manifest_file.is_file():
@@ -85,6 +89,31 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         ]
     else:
         lines.append(f"drafter       not materialized yet ({settings.drafter_dir})")
+    return lines
+
+
+def batch_shape_lines(run: dict) -> list[str]:
+    """The batch shape of a shard's last run, and its probe table (shape -> tokens/s), indented."""
+    shape = run.get("batch_shape") or {}
+    if not shape:
+        return []
+    head = f"      batch shape {shape_label(shape)}"
+    if shape["mode"] == "fixed":
+        return [head]
+    lost = shape["probe_overhead_s"]
+    share = lost / run["elapsed_s"] if run.get("elapsed_s") else 0.0
+    lines = [
+        f"{head}: {len(shape['probes'])} probe(s), {shape['probe_batches']} probed batches (stored like any "
+        f"other), {lost:.2f} s lost to slower shapes ({share:.1%} of the run)"
+    ]
+    for probe in shape["probes"]:
+        measured = [row for row in shape["probe_table"] if row["probe"] == probe["probe"]]
+        table = ", ".join(
+            f"{row['max_batch_tokens']:,} x {row['batch_size']} {row['tokens_per_s']:,.0f}"
+            + ("*" if row["chosen"] else "")
+            for row in measured
+        )
+        lines.append(f"        probe {probe['probe']} ({probe['reason']}): {table or 'nothing compared'} tokens/s")
     return lines
 
 

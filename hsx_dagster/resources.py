@@ -20,7 +20,13 @@ from dagster import ConfigurableResource
 from pydantic import BaseModel, Field, ValidationError, create_model
 from typing_extensions import Self
 
-from hsx_dagster.core.settings import ExtractionSettings, Settings, SettingsError, load_settings
+from hsx_dagster.core.settings import (
+    ExtractionSettings,
+    RegenerateSettings,
+    Settings,
+    SettingsError,
+    load_settings,
+)
 
 
 class HsxSettings(ConfigurableResource):
@@ -92,4 +98,36 @@ else:
         __doc__="The accelerator a shard run extracts on, and how its forward passes are shaped. Defaults come from "
         "the ``extraction`` section of hsx.yaml (and ``HSX_EXTRACTION__*``); run config overrides them for one run.",
         **resource_fields(ExtractionSettings),
+    )
+
+
+class _GeneratorResourceBase(ConfigurableResource):
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        return cls(**settings.regenerate.model_dump(mode="json", exclude={"enabled"}))
+
+    def validated(self) -> RegenerateSettings:
+        """These values checked by the same rules as the settings file (run config bypasses the file)."""
+        try:
+            return RegenerateSettings(enabled=True, **self.model_dump(include=set(RegenerateSettings.model_fields)))
+        except ValidationError as exc:
+            problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors())
+            raise SettingsError(f"resource `generator` config: {problems}") from None
+
+
+if typing.TYPE_CHECKING:  # the fields come from RegenerateSettings at run time, as for GpuResource
+
+    class GeneratorResource(_GeneratorResourceBase):
+        pass
+
+else:
+    GeneratorResource = create_model(
+        "GeneratorResource",
+        __base__=_GeneratorResourceBase,
+        __module__=__name__,
+        __doc__="What regenerates the assistant turns (regenerated_conversations): the target in-process (local) or "
+        "OpenAI-compatible servers (openai), and how it samples. Defaults come from the ``regenerate`` section of "
+        "hsx.yaml (and ``HSX_REGENERATE__*``); run config overrides them for one run. ``regenerate.enabled`` shapes "
+        "the asset graph and is read from the settings only.",
+        **{name: field for name, field in resource_fields(RegenerateSettings).items() if name != "enabled"},
     )

@@ -1,17 +1,26 @@
 """`retry_failed_shards`: re-run each failed `hidden_states` shard, alone, within a retry budget.
 
 Every tick it reads the partition status of `hidden_states` from the instance and requests one run
-per failed shard that has no run queued or in progress. A re-run resumes from the shard's last
+per failed shard that has no run queued or in progress. A shard is failed when its latest run
+failed, or when one of its blocking shard checks failed on its latest materialization (a damaged
+chunk, a missing sample, NaN states). A re-run resumes from the shard's last
 committed chunk, so a retry never redoes finished work. Retries are counted per shard (runs this
 schedule launched since the shard's last successful materialization); past `max_retries` the
-schedule stops retrying that shard and says so.
+schedule stops retrying that shard and says so. A materialization whose blocking checks failed
+is not a success.
+
+`observe_inputs` observes the inputs (`conversations`, `target_model`) so their versions are known
+before anything is made from them; `make demo` runs it first.
 """
 
+import datetime
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     AssetPartitionStatus,
     AssetRecordsFilter,
@@ -26,7 +35,10 @@ from dagster import (
     define_asset_job,
     schedule,
 )
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.base import PartitionKeyFilter
 
+from hsx_dagster.assets.shard_checks import SHARD_CHECKS
 from hsx_dagster.pools import prepare_pool
 
 HIDDEN_STATES = AssetKey("hidden_states")
@@ -49,6 +61,15 @@ def build_shard_job(partitions_def: StaticPartitionsDefinition, k8s_run_config: 
     )
 
 
+def build_observe_job():
+    """Observes the inputs; run before tokenizing so every output records the input versions it was made from."""
+    return define_asset_job(
+        "observe_inputs",
+        selection=AssetSelection.assets("conversations", "target_model"),
+        description="Observe the conversation files and the model directory (content hashes).",
+    )
+
+
 def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, cron: str, max_retries: int):
     @schedule(
         name="retry_failed_shards",
@@ -61,9 +82,14 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
         instance = context.instance
         shards = partitions_def.get_partition_keys()
         statuses = instance.get_status_by_partition(HIDDEN_STATES, shards, partitions_def) or {}
-        failed = [shard for shard in shards if statuses.get(shard) == AssetPartitionStatus.FAILED]
+        check_failed = failed_shard_checks(instance, shards)
+        failed = [
+            shard for shard in shards if statuses.get(shard) == AssetPartitionStatus.FAILED or shard in check_failed
+        ]
         if not failed:
             return SkipReason("no failed hidden_states shard")
+        for shard, names in check_failed.items():
+            context.log.info(f"{shard}: blocking check {', '.join(names)} failed on its latest materialization")
         requests, busy, exhausted = [], [], []
         for shard in failed:
             if instance.get_runs_count(RunsFilter(tags={"dagster/partition": shard}, statuses=ACTIVE)):
@@ -101,13 +127,37 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
     return retry_failed_shards
 
 
-def _last_success(instance, shard: str):
-    """When the shard was last materialized (None if never)."""
-    import datetime
+def failed_shard_checks(instance, shards: Sequence[str]) -> dict[str, list[str]]:
+    """Shard -> its blocking checks whose latest evaluation failed on the shard's latest materialization."""
+    keys = [AssetCheckKey(HIDDEN_STATES, name) for name in SHARD_CHECKS]
+    failed: dict[str, list[str]] = {}
+    for info in instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=list(shards)):
+        if (
+            info.partition_key is not None
+            and info.latest_execution_status == AssetCheckExecutionRecordStatus.FAILED
+            and info.is_current
+        ):
+            failed.setdefault(info.partition_key, []).append(info.check_key.name)
+    return {shard: sorted(names) for shard, names in failed.items()}
 
+
+def _last_success(instance, shard: str, lookback: int = 100):
+    """When the shard was last materialized with no blocking check failing on it (None if never)."""
+    check_failed_targets = set()
+    for name in SHARD_CHECKS:
+        for record in instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(HIDDEN_STATES, name),
+            limit=lookback,
+            status={AssetCheckExecutionRecordStatus.FAILED},
+            partition_filter=PartitionKeyFilter(key=shard),
+        ):
+            evaluation = record.evaluation
+            if evaluation is not None and evaluation.target_materialization_data is not None:
+                check_failed_targets.add(evaluation.target_materialization_data.storage_id)
     result = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=HIDDEN_STATES, asset_partitions=[shard]), limit=1
+        AssetRecordsFilter(asset_key=HIDDEN_STATES, asset_partitions=[shard]), limit=lookback
     )
-    if not result.records:
-        return None
-    return datetime.datetime.fromtimestamp(result.records[0].timestamp, tz=datetime.timezone.utc)
+    for record in result.records:
+        if record.storage_id not in check_failed_targets:
+            return datetime.datetime.fromtimestamp(record.timestamp, tz=datetime.timezone.utc)
+    return None

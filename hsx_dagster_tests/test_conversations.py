@@ -157,3 +157,197 @@ def test_real_sharegpt_dump_parses():
     assert len(conversations) == 500 and not rejects  # a clean real-world dump: nothing to reject
     assert all(any(m.role == "assistant" for m in c.messages) for c in conversations)
     assert conversations[0].messages[0] == Message("user", "Who are you?")
+
+
+# --- everything a chat template can render is kept ----------------------------------------------------------
+CALL_OBJECT = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": "é"}}}
+CALL_STRING = {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"y":  2}'}}
+
+
+def one(tmp_path: Path, record: dict) -> Conversation | Reject:
+    (item,) = list(iter_records(jsonl(tmp_path, [record])))
+    return item
+
+
+def test_openai_tool_calling_record_kept_as_given(tmp_path):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    record = {
+        "tools": tools,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "plan",
+                "tool_calls": [CALL_OBJECT, CALL_STRING],
+            },
+            {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "r1"},
+            {"role": "tool", "tool_call_id": "c2", "content": "r2"},
+            {"role": "assistant", "reasoning": "done thinking", "content": "answer"},
+        ],
+    }
+    conversation = one(tmp_path, record)
+    assert isinstance(conversation, Conversation)
+    chat = conversation.as_chat(content_parts=True)
+    assert chat[0]["content"] == record["messages"][0]["content"]
+    assert conversation.as_chat()[0]["content"] == "ab"  # joined for templates that only take strings
+    assert chat[1] == record["messages"][1]  # null content, reasoning, both calls exactly as given
+    assert chat[1]["tool_calls"][1]["function"]["arguments"] == '{"y":  2}'  # the string, not re-encoded
+    assert chat[2] == record["messages"][2] and chat[3] == record["messages"][3]
+    assert chat[4] == {"role": "assistant", "content": "answer", "reasoning_content": "done thinking"}
+    assert conversation.chat_tools() == tools
+    assert conversation.ignored == ()
+
+
+def test_sharegpt_tool_use_variant(tmp_path):
+    tools = [{"name": "f", "parameters": {}}]
+    record = {
+        "system": "sys",
+        "tools": json.dumps(tools),
+        "conversations": [
+            {"from": "human", "value": "q"},
+            {"from": "function_call", "value": json.dumps({"name": "f", "arguments": {"x": 1}})},
+            {"from": "observation", "value": "42"},
+            {
+                "from": "function_call",
+                "value": json.dumps([{"name": "f", "arguments": "{}"}, {"name": "f", "arguments": {}}]),
+            },
+            {"from": "observation", "value": "43"},
+            {"from": "gpt", "value": "done"},
+        ],
+    }
+    conversation = one(tmp_path, record)
+    assert isinstance(conversation, Conversation)
+    assert [m["role"] for m in conversation.as_chat()] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert conversation.messages[0].content == "sys"
+    assert conversation.as_chat()[2] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
+    }
+    assert [c["function"]["arguments"] for c in conversation.as_chat()[4]["tool_calls"]] == ["{}", {}]
+    assert conversation.chat_tools() == tools
+    record["tools"] = tools  # a list works too
+    assert one(tmp_path, record).chat_tools() == tools
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": None, "tool_calls": "f()"},
+                ]
+            },
+            RejectReason.MALFORMED_MESSAGE,
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "tool_calls": [{"function": {"arguments": "{}"}}]},
+                ]
+            },
+            RejectReason.MALFORMED_MESSAGE,
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q", "tool_calls": [CALL_OBJECT]},
+                    {"role": "assistant", "content": "a"},
+                ]
+            },
+            RejectReason.MALFORMED_MESSAGE,
+        ),
+        (
+            {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "a"}]},
+            RejectReason.NON_TEXT_CONTENT,
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                    {"role": "assistant", "content": "a"},
+                ]
+            },
+            RejectReason.NON_TEXT_CONTENT,
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "reasoning_content": 3},
+                ]
+            },
+            RejectReason.MALFORMED_MESSAGE,
+        ),
+        (
+            {
+                "tools": "not json",
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            },
+            RejectReason.MALFORMED_TOOLS,
+        ),
+        (
+            {"tools": [1, 2], "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            RejectReason.MALFORMED_TOOLS,
+        ),
+        (
+            {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "f(x)"}]},
+            RejectReason.MALFORMED_MESSAGE,
+        ),
+        (
+            {
+                "conversations": [
+                    {"from": "human", "value": "q"},
+                    {"from": "function_call", "value": '{"arguments": {}}'},
+                ]
+            },
+            RejectReason.MALFORMED_MESSAGE,
+        ),
+    ],
+)
+def test_malformed_agentic_records_are_rejected_with_a_reason(tmp_path, record, reason):
+    item = one(tmp_path, record)
+    assert isinstance(item, Reject) and item.reason == reason, item
+
+
+def test_unknown_fields_are_reported_not_dropped_silently(tmp_path):
+    record = {
+        "id": "x",
+        "source": "web",
+        "messages": [
+            {"role": "user", "content": "q", "weight": 1, "refusal": None},
+            {
+                "role": "assistant",
+                "content": "a",
+                "reasoning_content": "r",
+                "reasoning": "other",
+                "function_call": {"name": "f"},
+            },
+        ],
+    }
+    conversation = one(tmp_path, record)
+    assert isinstance(conversation, Conversation)
+    assert sorted(conversation.ignored) == [
+        "message_field:function_call",
+        "message_field:reasoning",
+        "message_field:weight",
+        "record_field:source",
+    ]
+
+
+def test_plain_messages_stay_plain(tmp_path):
+    conversation = one(tmp_path, GOOD_OPENAI)
+    assert all(m.is_plain for m in conversation.messages)
+    assert conversation.as_chat() == GOOD_OPENAI["messages"]

@@ -37,13 +37,22 @@ def test_definitions_graph_partitions_and_resources(settings_file):
     defs = build_definitions(load_settings(settings_file))
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert keys == {"tokenized_dataset", "hidden_states", "drafter_dataset"}
+    assert keys == {"conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset"}
+    assert graph.get(AssetKey("conversations")).is_observable and graph.get(AssetKey("target_model")).is_observable
     hidden = defs.resolve_assets_def("hidden_states")
     assert hidden.op.name == "extract_hidden_states"
     assert "gpu" in hidden.required_resource_keys
     assert hidden.partitions_def.get_partition_keys() == ["shard-00", "shard-01", "shard-02"]
-    assert graph.get(AssetKey("hidden_states")).parent_keys == {AssetKey("tokenized_dataset")}
-    assert graph.get(AssetKey("drafter_dataset")).parent_keys == {AssetKey("hidden_states")}
+    inputs = {AssetKey("conversations"), AssetKey("target_model")}  # one-hop staleness: each asset names its inputs
+    assert graph.get(AssetKey("tokenized_dataset")).parent_keys == inputs
+    assert graph.get(AssetKey("hidden_states")).parent_keys == {AssetKey("tokenized_dataset"), *inputs}
+    assert graph.get(AssetKey("drafter_dataset")).parent_keys == {AssetKey("hidden_states"), *inputs}
+    assert {key.name for key in graph.asset_check_keys if key.asset_key == AssetKey("hidden_states")} == {
+        "shard_coverage",
+        "shard_integrity",
+        "shard_numerics",
+    }
+    assert all(graph.get(key).code_version for key in graph.materializable_asset_keys)
 
 
 def test_the_module_definitions_load_from_the_repo_settings():
@@ -275,3 +284,5 @@ def test_local_instance_config_retries_crashes_not_pipeline_errors(tmp_path):
         assert instance.run_retries_retry_on_asset_or_op_failure is False
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert limits == [{"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+        # the `gpu` pool has slots (no warning in the UI); `make instance` sets them to the number of GPUs
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1

@@ -83,7 +83,10 @@ def test_every_sample_reads_back_equal_to_the_reference(dataset_root, demo_model
         "ids": list(LAYERS),
         "convention": ds.manifest["layers"]["convention"],
         "include_final": True,
+        "preset": None,  # an explicit list of ids
+        "num_hidden_layers": 8,
     }
+    assert (ds.num_hidden_layers, ds.hidden_size, ds.architecture) == (8, 64, "Qwen3_5ForCausalLM")
     assert "hidden_states[i + 1]" in ds.manifest["layers"]["convention"]
     states = reference(demo_model_dir)
     ids = []
@@ -136,7 +139,7 @@ def test_all_checks_pass_on_a_good_dataset(dataset_root):
     ):
         assert outcome.passed, outcome.description
     numerics = check_numerics(drafter)
-    assert set(numerics.metadata["per_layer"]) == {"layer 1", "layer 4", "layer 7", "final"}
+    assert [row["layer"] for row in numerics.metadata["per_layer"]] == ["layer 1", "layer 4", "layer 7", "final"]
 
 
 def rewrite_chunk(root: Path, shard: str, chunk: str, change) -> None:

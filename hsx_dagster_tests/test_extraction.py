@@ -73,7 +73,7 @@ def stored_samples(out: Path) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("model_name", ["dense", "hybrid"])
-@pytest.mark.parametrize("batch_size, max_batch_tokens", [(8, 4096), (28, 2048), (3, 100_000)])
+@pytest.mark.parametrize("batch_size, max_batch_tokens", [(8, 4096), (28, 2048), (3, 100_000), ("auto", "auto")])
 def test_stored_states_equal_a_per_sample_reference_fp32(
     model_name, batch_size, max_batch_tokens, tokenized, demo_model_dir, dense_model_dir, tmp_path
 ):

@@ -117,6 +117,26 @@ def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_sha
     assert again.report.samples == 0 and again.report.samples_skipped == first.totals["samples"]
 
 
+def test_a_changed_description_is_recorded_not_refused(few_inputs, demo_model_dir, tmp_path):
+    """shard.json's descriptive keys (the model's description, the preset name) do not define the states: a
+    shard written before they existed, or the same ids named by preset instead of as a list, resumes."""
+    tokenize(tmp_path, few_inputs, demo_model_dir, shards=1)
+    folder = tmp_path / "hidden_states" / "shard-00"
+    first = run_shard(job(tmp_path, "shard-00", demo_model_dir))
+    provenance = json.loads((folder / "shard.json").read_text())
+    older = {key: value for key, value in provenance.items() if key not in ("model", "layer_preset")}
+    (folder / "shard.json").write_text(json.dumps(older))
+    before = files_of(folder)
+
+    again = run_shard(job(tmp_path, "shard-00", demo_model_dir, layer_preset="eagle3"))
+    assert again.report.samples == 0 and again.report.samples_skipped == first.totals["samples"]
+    recorded = json.loads((folder / "shard.json").read_text())
+    assert recorded["layer_preset"] == "eagle3" and recorded["model"] == provenance["model"]
+    assert {name: stamp for name, stamp in files_of(folder).items() if name.startswith("chunk-")} == {
+        name: stamp for name, stamp in before.items() if name.startswith("chunk-")
+    }
+
+
 def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, tmp_path):
     root = tmp_path
     tokenize(root, few_inputs, demo_model_dir, shards=2)

@@ -60,7 +60,7 @@ def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path)
         process.terminate()
         process.wait(timeout=30)
     nodes = {"/".join(n["assetKey"]["path"]): n for n in data["assetNodes"]}
-    assert set(nodes) == {"tokenized_dataset", "hidden_states", "drafter_dataset"}
+    assert set(nodes) == {"conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset"}
     assert nodes["hidden_states"]["partitionKeys"] == ["shard-00", "shard-01", "shard-02"]
     checks = {c["name"]: c["blocking"] for c in nodes["drafter_dataset"]["assetChecksOrError"]["checks"]}
     assert checks == {
@@ -69,5 +69,7 @@ def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path)
         "drafter_numerics": True,
         "drafter_parity": True,
     }
+    shard_checks = {c["name"]: c["blocking"] for c in nodes["hidden_states"]["assetChecksOrError"]["checks"]}
+    assert shard_checks == {"shard_coverage": True, "shard_integrity": True, "shard_numerics": True}
     schedules = [s for repo in data["repositoriesOrError"]["nodes"] for s in repo["schedules"]]
     assert [(s["name"], s["cronSchedule"]) for s in schedules] == [("retry_failed_shards", "*/15 * * * *")]

@@ -16,7 +16,8 @@ from dagster import (
     asset_check,
 )
 
-from hsx_dagster.checks import check_result
+from hsx_dagster.automation import drafter_condition
+from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.dataset.assembly import assemble
 from hsx_dagster.core.dataset.checks import (
     check_coverage,
@@ -24,7 +25,15 @@ from hsx_dagster.core.dataset.checks import (
     check_numerics,
     check_parity_on_claimed_device,
 )
+from hsx_dagster.core.extraction.size_estimate import format_bytes
+from hsx_dagster.core.storage.format import DRAFTER_INDEX_SCHEMA, DRAFTER_QUARANTINE_SCHEMA
 from hsx_dagster.resources import GpuResource, HsxSettings
+
+INDEX_COLUMNS = {
+    "chunk": "safetensors file holding the sample, relative to the manifest's chunks_root",
+    "position": "the sample's place in its chunk (rows offsets[position]:offsets[position + 1])",
+    "split": "train or val, decided by sample id",
+}
 
 HOW_TO_LOAD = """```python
 from hsx_dagster import DrafterDataset, collate_drafter_batch
@@ -35,8 +44,10 @@ loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn
 
 @asset(
     group_name="hsx",
-    deps=[AssetDep("hidden_states", partition_mapping=AllPartitionMapping())],
+    # the inputs too: Dagster's staleness is one hop, so an edited input marks the dataset stale at once
+    deps=[AssetDep("hidden_states", partition_mapping=AllPartitionMapping()), "conversations", "target_model"],
     kinds={"parquet", "json"},
+    automation_condition=drafter_condition(),  # follows once every shard is newer than it (automation.py)
     description="Global index, manifest and train/validation split over all hidden-state shards, "
     "read by hsx_dagster.DrafterDataset. No tensor is copied.",
 )
@@ -56,8 +67,8 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
             f"{loaded.hidden_states_dir} also holds {', '.join(summary.ignored_folders)}, not shards of the current "
             f"settings ({loaded.shards} shards); they are not part of the dataset: delete them to free their space"
         )
-    rows = ["| shard | samples | quarantined | tokens | GB |", "|---|---:|---:|---:|---:|"] + [
-        f"| {s['shard']} | {s['samples']:,} | {s['quarantined']:,} | {s['tokens']:,} | {s['bytes'] / 1e9:.3f} |"
+    rows = ["| shard | samples | quarantined | tokens | size |", "|---|---:|---:|---:|---:|"] + [
+        f"| {s['shard']} | {s['samples']:,} | {s['quarantined']:,} | {s['tokens']:,} | {format_bytes(s['bytes'])} |"
         for s in summary.shards
     ]
     return MaterializeResult(
@@ -65,7 +76,9 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
             "dagster/row_count": summary.samples,
             "samples": summary.samples,
             "tokens": summary.tokens,
-            "bytes": summary.bytes,
+            **sized("bytes", summary.bytes),
+            "dagster/column_schema": arrow_column_schema(DRAFTER_INDEX_SCHEMA, INDEX_COLUMNS),
+            "quarantine_column_schema": arrow_column_schema(DRAFTER_QUARANTINE_SCHEMA),
             "train_samples": summary.train_samples,
             "val_samples": summary.val_samples,
             "layers": MetadataValue.json(summary.manifest["layers"]),

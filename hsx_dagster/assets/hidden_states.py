@@ -13,6 +13,8 @@ from dagster import (
     multi_asset,
 )
 
+from hsx_dagster.checks import sized
+from hsx_dagster.core.extraction.batch_shape import probe_table_markdown, shape_label
 from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
 from hsx_dagster.pools import GPU_POOL
 from hsx_dagster.resources import GpuResource, HsxSettings
@@ -24,7 +26,8 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         specs=[
             AssetSpec(
                 "hidden_states",
-                deps=["tokenized_dataset"],
+                # the inputs too: Dagster's staleness is one hop, so an edited input marks every shard stale
+                deps=["tokenized_dataset", "conversations", "target_model"],
                 partitions_def=partitions_def,
                 group_name="hsx",
                 kinds={"pytorch", "safetensors"},
@@ -54,7 +57,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "dagster/row_count": result.totals["samples"],
         "samples": result.totals["samples"],
         "tokens": result.totals["tokens"],
-        "bytes": result.totals["bytes"],
+        **sized("bytes", result.totals["bytes"]),
         "bytes_per_token": round(result.totals["bytes"] / max(result.totals["tokens"], 1), 1),
         "samples_this_run": report.samples,
         "quarantined": result.quarantined,
@@ -68,7 +71,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "batches": report.batches,
         "oom_splits": report.oom_splits,
         "max_batch_tokens_at_end": report.final_max_batch_tokens,
-        "peak_memory_bytes": report.peak_memory_bytes,
+        **sized("peak_memory_bytes", report.peak_memory_bytes),
         "device": report.device,
         "layers": MetadataValue.json(list(job.layer_ids)),
         "include_final": job.include_final,
@@ -78,8 +81,16 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "compute_dtype": result.compute_dtype,
         "storage_dtype": job.storage_dtype,
         "attn_implementation": info.attn_implementation if info else job.attn_implementation,
-        "batch_size": job.batch_size,
+        "batch_size": job.batch_size,  # the settings: a number or "auto"
         "max_batch_tokens": job.max_batch_tokens,
+        # the shape this run ended with and how it was found (core/extraction/batch_shape.py)
+        "batch_shape": shape_label(report.batch_shape),
+        "batch_size_used": report.final_batch_size,
+        "max_batch_tokens_used": report.final_max_batch_tokens,
+        "probe_table": MetadataValue.md(probe_table_markdown(report.batch_shape)),
+        "probe_s": round(report.batch_shape.get("probe_s", 0.0), 3),
+        "probe_overhead_s": round(report.batch_shape.get("probe_overhead_s", 0.0), 3),
+        "probe_share_of_run": round(report.probe_share, 4),
         "chunks": MetadataValue.json(result.totals["chunks"]),
         "path": MetadataValue.path(str(job.output_dir)),
     }

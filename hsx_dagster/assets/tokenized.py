@@ -18,12 +18,23 @@ from dagster import (
 )
 from pydantic import Field
 
-from hsx_dagster.checks import check_result
+from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.inputs.checks import check_tokenized
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.regenerate.store import regenerated_input
+from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA
 from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings
+
+SAMPLE_COLUMNS = {
+    "sample_id": "unique over the dataset; the id every later file uses",
+    "source": "input file",
+    "source_index": "record number in the input file",
+    "input_ids": "token ids of the rendered conversation",
+    "loss_mask": "1 on tokens the drafter learns to predict (assistant turns)",
+    "shard": "hidden_states partition the sample belongs to",
+}
 
 
 class TokenizeConfig(Config):
@@ -36,6 +47,7 @@ class TokenizeConfig(Config):
 
 @asset(
     group_name="hsx",
+    deps=["conversations", "target_model"],  # observable sources (assets/inputs.py): stale when they change
     kinds={"parquet"},
     description="Conversations rendered with the target's chat template, tokenised, with assistant-only "
     "loss masks, balanced into shards by tokens; every rejected input recorded with a reason.",
@@ -54,11 +66,13 @@ def tokenized_dataset(
         thinking=thinking,
         shards=loaded.shards,
         trust_remote_code=loaded.model.trust_remote_code,
+        workers=None if dataset.tokenize_workers == "auto" else dataset.tokenize_workers,
     )
-    context.log.info(f"settings {loaded.source}: {len(dataset.paths)} input files, {loaded.shards} shards")
-    summary = tokenize_dataset(
-        dataset.paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info
-    )
+    paths, read_from = list(dataset.paths), "input files (dataset.paths)"
+    if loaded.regenerate.enabled:  # regenerated_conversations is upstream: its output replaces the input files
+        paths, read_from = [regenerated_input(loaded.regenerated_dir)], "regenerated_conversations"
+    context.log.info(f"settings {loaded.source}: reading {read_from}: {len(paths)} files, {loaded.shards} shards")
+    summary = tokenize_dataset(paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info)
     shape = StoredShape.of_model(loaded.model.path, loaded.layer_ids, loaded.model.include_final)
     estimate = estimate_by_dtype(summary.shards, shape, int(loaded.extraction.chunk_mb * 2**20))
     context.log.info(
@@ -67,7 +81,12 @@ def tokenized_dataset(
     )
     prepare_pool(context.instance, context.log)  # before shards start together (see hsx_dagster/pools.py)
     return MaterializeResult(
-        metadata={**tokenized_metadata(summary, loaded.tokenized_dir), **estimate_metadata(estimate)}
+        metadata={
+            **tokenized_metadata(summary, loaded.tokenized_dir),
+            **estimate_metadata(estimate),
+            "read_from": read_from,
+            "input_paths": MetadataValue.json([str(p) for p in paths]),
+        }
     )
 
 
@@ -89,8 +108,14 @@ def tokenized_metadata(summary: TokenizedSummary, tokenized_dir: Path) -> dict:
         "token_length_histogram": MetadataValue.md(histogram_table(summary.histogram)),
         "conversations_per_s": summary.conversations_per_s,
         "elapsed_s": summary.elapsed_s,
-        "bytes": summary.bytes_written,
+        **sized("bytes", summary.bytes_written),
+        "dagster/column_schema": arrow_column_schema(SAMPLE_SCHEMA, SAMPLE_COLUMNS),
+        "rejects_column_schema": arrow_column_schema(REJECT_SCHEMA),
         "chat_template_sha256_16": summary.tokenizer["chat_template_sha256_16"],
+        "tokenizer_class": summary.tokenizer.get("class", "unknown"),
+        "transformers_version": summary.tokenizer.get("transformers_version", "unknown"),
+        "ignored_fields_by_reason": MetadataValue.json(summary.ignored_fields),
+        "tokenize_workers": summary.workers,
         "path": MetadataValue.path(str(tokenized_dir)),
     }
 
@@ -104,7 +129,11 @@ def estimate_metadata(estimate: dict[str, dict[str, int]]) -> dict:
     ]
     rows += ["| **total** | " + " | ".join(f"**{format_bytes(sum(estimate[d].values()))}**" for d in estimate) + " |"]
     return {
-        **{f"estimated_bytes_{dtype}": sum(by_shard.values()) for dtype, by_shard in estimate.items()},
+        **{
+            k: v
+            for dtype, by_shard in estimate.items()
+            for k, v in sized(f"estimated_bytes_{dtype}", sum(by_shard.values())).items()
+        },
         "estimated_bytes_per_shard": MetadataValue.md("\n".join(rows)),
     }
 
@@ -116,11 +145,15 @@ def shard_table(shards: list[dict]) -> str:
 
 
 def histogram_table(histogram: list[dict]) -> str:
+    """Token lengths as a markdown table narrow enough not to wrap in the UI's metadata column: ranges joined
+    by a non-breaking hyphen, a share and a bar of at most 12 blocks."""
+    total = sum(bucket["samples"] for bucket in histogram) or 1
     widest = max((bucket["samples"] for bucket in histogram), default=0) or 1
-    rows = ["| tokens | samples | |", "|---|---:|---|"]
+    rows = ["| tokens | samples | share |", "|---:|---:|:---|"]
     for bucket in histogram:
-        bar = "#" * max(1 if bucket["samples"] else 0, round(30 * bucket["samples"] / widest))
-        rows.append(f"| {bucket['min']}-{bucket['max']} | {bucket['samples']:,} | `{bar}` |")
+        bar = "\u2588" * max(1 if bucket["samples"] else 0, round(12 * bucket["samples"] / widest))
+        share = f"{100 * bucket['samples'] / total:.0f}%"
+        rows.append(f"| {bucket['min']:,}\u2011{bucket['max']:,} | {bucket['samples']:,} | {bar}\u00a0{share} |")
     return "\n".join(rows)
 
 

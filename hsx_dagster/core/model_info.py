@@ -1,15 +1,17 @@
 """What the pipeline knows about a target model before any weight loads, read from its directory once.
 
-Everything here comes from ``config.json`` and the weight files' names (and the index of a sharded
-checkpoint); nothing imports torch or transformers, so settings validation, size estimates and
-provenance stay cheap. Multimodal wrappers (Qwen3.5/3.6, Gemma 3, ...) keep the language model's
-shape under ``text_config``; that is the shape reported.
+Everything here comes from ``config.json`` and the weight files' names (the index of a sharded
+checkpoint, or the JSON headers of the safetensors files); nothing imports torch or transformers, so
+settings validation, size estimates and provenance stay cheap. Multimodal wrappers (Qwen3.5/3.6,
+Gemma 3, ...) keep the language model's shape under ``text_config``; that is the shape reported.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,12 +69,20 @@ class ModelInfo:
     def text_model_type(self) -> str:
         return str(text_config_of(self.config).get("model_type", self.model_type))
 
+    @property
+    def architecture(self) -> str:
+        """The release's architecture (``architectures[0]``, e.g. Qwen3_5ForConditionalGeneration), else the
+        model type."""
+        return self.architectures[0] if self.architectures else self.model_type
+
     def describe(self) -> dict[str, Any]:
-        """JSON-ready description for manifests, shard provenance and metadata."""
+        """JSON-ready description for manifests, shard provenance and metadata: the text model's layer count
+        and width, and what the release is."""
         return {
+            "architecture": self.architecture,
+            "architectures": list(self.architectures),
             "model_type": self.model_type,
             "text_model_type": self.text_model_type,
-            "architectures": list(self.architectures),
             "num_hidden_layers": self.num_hidden_layers,
             "hidden_size": self.hidden_size,
         }
@@ -98,6 +108,44 @@ def missing_weight_files(model_path: Path) -> list[str]:
             continue
         missing.update(name for name in set(weight_map.values()) if not (Path(model_path) / name).is_file())
     return sorted(missing)
+
+
+def weight_names(model_path: Path) -> list[str]:
+    """Every weight's name in the checkpoint, from its index or the safetensors headers (no tensor is read);
+    empty for pickled ``*.bin`` checkpoints without an index, whose names cannot be read without torch."""
+    model_path = Path(model_path)
+    names: set[str] = set()
+    index_files = sorted(model_path.glob(INDEX_PATTERN))
+    for index_file in index_files:
+        try:
+            names.update((json.loads(index_file.read_text(encoding="utf-8")).get("weight_map") or {}).keys())
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            continue
+    if not index_files:
+        for path in sorted(model_path.glob("*.safetensors")):
+            names.update(_safetensors_names(path))
+    return sorted(names)
+
+
+def _safetensors_names(path: Path) -> list[str]:
+    with open(path, "rb") as handle:
+        header_size = struct.unpack("<Q", handle.read(8))[0]
+        header = json.loads(handle.read(header_size))
+    return [name for name in header if name != "__metadata__"]
+
+
+def text_weights_prefix(names: Iterable[str]) -> str | None:
+    """The prefix under which the checkpoint keeps its text decoder (``""``, ``model.``,
+    ``model.language_model.``, ``language_model.model.``, ...): the one holding both ``embed_tokens``
+    and ``layers.0``; None when the names do not say (no such pair, or several)."""
+    names = set(names)
+    found = {
+        name[: -len("embed_tokens.weight")]
+        for name in names
+        if name.endswith("embed_tokens.weight")
+        and any(other.startswith(name[: -len("embed_tokens.weight")] + "layers.0.") for other in names)
+    }
+    return found.pop() if len(found) == 1 else None
 
 
 def check_model_dir(model_path: Path) -> ModelInfo:

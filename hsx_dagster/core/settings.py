@@ -46,10 +46,26 @@ class DatasetSettings(_Section):
     thinking: Literal["keep", "strip", "exclude_from_loss"] = Field(
         "keep",
         description=(
-            "keep: reasoning as the chat template renders it (supervised); strip: remove "
-            "<think>...</think> from every assistant turn; exclude_from_loss: render it but mask it out"
+            "keep: reasoning (reasoning_content or inline <think>) as the chat template renders it (supervised); "
+            "strip: remove it from every assistant turn; exclude_from_loss: render it but mask it out"
         ),
     )
+    tokenize_workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Processes that render and tokenise conversations; auto: every core; 1: in the main process. "
+        "The output is the same whatever the count",
+    )
+
+    @field_validator("tokenize_workers", mode="before")
+    @classmethod
+    def _workers_auto_or_positive(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("expected a positive integer or 'auto'")
+        return value
 
 
 class ModelSettings(_Section):
@@ -94,10 +110,22 @@ class ExtractionSettings(_Section):
         description="NaN/Inf in a sample's states: fail the shard naming the samples, or set them aside "
         "in quarantine.jsonl and go on",
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    batch_size: int = Field(32, ge=1, description="Most rows in one forward pass")
-    max_batch_tokens: int = Field(
-        32768, ge=1, description="Most computed tokens in one forward pass (rows x longest row, padding included)"
+    attn_implementation: Literal[
+        "auto", "flash_attention_3", "flash_attention_2", "flash_attention_4", "sdpa", "eager"
+    ] = Field(
+        "auto",
+        description="auto: the fastest the model supports on the device (flash-attention when installed on a "
+        "GPU, else sdpa, else eager); an explicit value the model cannot use is refused before loading",
+    )
+    batch_size: int | Literal["auto"] = Field(
+        "auto",
+        description="Most rows in one forward pass; auto: probed at the start of each shard run together with "
+        "max_batch_tokens (a number fixes it)",
+    )
+    max_batch_tokens: int | Literal["auto"] = Field(
+        "auto",
+        description="Most computed tokens in one forward pass (rows x longest row, padding included); auto: the "
+        "fastest of a few sizes timed on the shard's first batches, re-probed when throughput drops",
     )
     chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file")
     device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
@@ -107,6 +135,18 @@ class ExtractionSettings(_Section):
         description="A shard folder made with another model, layers, dtype or tokenized input: refuse "
         "to mix, or start_over (delete that shard's states and redo it)",
     )
+
+    @field_validator("batch_size", "max_batch_tokens", mode="before")
+    @classmethod
+    def _auto_or_positive(cls, value: Any) -> Any:
+        # 'auto' or a positive integer; the environment and run config may pass "64" or "AUTO".
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("expected a positive integer or 'auto'")
+        return value
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -150,6 +190,71 @@ class OperationsSettings(_Section):
         return value
 
 
+class RegenerateSettings(_Section):
+    """`regenerate`: rewrite every assistant turn with the target before tokenisation (optional step)."""
+
+    enabled: bool = Field(
+        False, description="Add regenerated_conversations upstream of tokenized_dataset, which then reads its output"
+    )
+    backend: Literal["local", "openai"] = Field(
+        "local", description="local: the target in-process (transformers generate); openai: OpenAI-compatible servers"
+    )
+    endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000/v1"],
+        description="openai backend: base URLs ending in /v1 (vLLM, SGLang, transformers serve), used together",
+    )
+    served_model: str | None = Field(
+        None,
+        description="openai backend: the name the servers serve the target under; default: model.path or its "
+        "folder name",
+    )
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the servers' API key, if any")
+    concurrency: int = Field(16, ge=1, le=4096, description="openai backend: requests in flight per endpoint")
+    batch_size: int = Field(16, ge=1, description="local backend: conversations per generate() batch")
+    turns: Literal["all", "last"] = Field(
+        "all", description="all: every assistant turn in order, on the regenerated history; last: the last one only"
+    )
+    max_tokens: int = Field(2048, ge=1, description="Most generated tokens per assistant turn")
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature; 0 is greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling")
+    seed: int | None = Field(0, description="Sampling seed (none: unseeded)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the chat template, e.g. {enable_thinking: true}"
+    )
+    on_truncated: Literal["keep", "reject"] = Field(
+        "keep", description="A response cut by max_tokens: keep it, or reject the conversation (counted either way)"
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="openai backend: most seconds for one response")
+    connect_timeout_s: float = Field(10.0, gt=0, description="openai backend: most seconds to connect")
+    retries: int = Field(3, ge=0, description="openai backend: retries of a failed request (timeouts, 5xx, 429)")
+    backoff_s: float = Field(1.0, ge=0, description="openai backend: first retry delay, doubled per retry (max 60 s)")
+    chunk_conversations: int = Field(64, ge=1, description="Conversations per committed chunk (what a crash can lose)")
+    retry_failed: bool = Field(False, description="Regenerate conversations recorded as failed by an earlier run")
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _endpoints_from_env(cls, value: Any) -> Any:
+        # HSX_REGENERATE__ENDPOINTS=http://a:8000/v1,http://b:8000/v1
+        if isinstance(value, str):
+            return json.loads(value) if value.startswith("[") else [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints_are_base_urls(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("list at least one endpoint")
+        cleaned = []
+        for url in value:
+            url = url.rstrip("/")
+            if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?/v1", url):
+                raise ValueError(f"{url!r} is not a base URL ending in /v1 (e.g. http://127.0.0.1:8000/v1)")
+            if url in cleaned:
+                raise ValueError(f"{url!r} is listed twice")
+            cleaned.append(url)
+        return cleaned
+
+
 class Settings(BaseSettings):
     """The validated settings. Paths are absolute once loaded through `load_settings`."""
 
@@ -164,6 +269,7 @@ class Settings(BaseSettings):
     extraction: ExtractionSettings = ExtractionSettings()
     drafter: DrafterSettings = DrafterSettings()
     operations: OperationsSettings = OperationsSettings()
+    regenerate: RegenerateSettings = RegenerateSettings()
 
     # Where the settings came from, for messages and provenance; not a settings key.
     _source: Path | None = None
@@ -211,6 +317,10 @@ class Settings(BaseSettings):
     @property
     def drafter_dir(self) -> Path:
         return self.output_dir / "drafter"
+
+    @property
+    def regenerated_dir(self) -> Path:
+        return self.output_dir / "regenerated"
 
     def shard_index(self, key: str) -> int:
         """Position of a partition key among the shards; a key that is not one of them is a SettingsError."""

@@ -6,7 +6,16 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, STAMP_NAME, build_demo, is_up_to_date
+from hsx_dagster.demo.build import (
+    AGENTIC_PATH,
+    AGENTIC_SHAREGPT_PATH,
+    MODEL_PATH,
+    OPENAI_PATH,
+    SHAREGPT_PATH,
+    STAMP_NAME,
+    build_demo,
+    is_up_to_date,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"built demo data in {out} in {result.seconds:.1f}s:")
     print(f"  {out / SHAREGPT_PATH}")
     print(f"  {out / OPENAI_PATH}")
+    print(f"  {out / AGENTIC_PATH}")
+    print(f"  {out / AGENTIC_SHAREGPT_PATH}")
     print(
         f"  {out / MODEL_PATH}/  (tokenizer {result.stamp['tokenizer_size']} tokens, "
         f"model vocab {result.stamp['model_vocab_size']})"

@@ -4,7 +4,8 @@ Real target tokenizers cannot be downloaded here, so we train one on the generat
 demo conversations.  It mirrors what matters about Qwen3's tokenizer for
 hidden-state extraction: byte-level BPE (lossless round-trip of any text), ChatML
 special tokens, ``<think>``/``</think>`` as ordinary added tokens, no BOS, and a chat
-template that drops reasoning from turns before the last user query.  The Llama-3
+template that drops reasoning from turns before the last user query and renders tool schemas,
+tool calls and tool responses the way Qwen3's does.  The Llama-3
 variant gives the tests a second, structurally different template.
 
 Training is deterministic without pinning threads: ``BpeTrainer`` only sums word
@@ -31,31 +32,56 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
 LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
-# Qwen3's chat template without the function-calling parts (``tools`` and
-# ``tool_calls``), which the demo data does not use.  Reasoning is taken from
-# ``reasoning_content`` or split off ``<think>...</think>``; it is kept only for
-# assistant turns after the last real user query (earlier turns are rendered as
-# the model saw them at inference time: answer only).  Tool messages become user
-# turns wrapping ``<tool_response>`` blocks; consecutive ones share a turn.
+# Qwen3's chat template, function calling included: with ``tools`` a system block lists the tool
+# schemas (one JSON per line inside ``<tools>``, after the system prompt); an assistant turn writes its
+# ``tool_calls`` as ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks after its text
+# (arguments given as a JSON string are written as given, objects through ``tojson``); tool messages
+# become user turns wrapping ``<tool_response>`` blocks, consecutive ones sharing a turn.  Reasoning
+# is taken from ``reasoning_content`` or split off ``<think>...</think>``; it is kept only for
+# assistant turns after the last real user query (earlier turns are rendered as the model saw them
+# at inference time: answer only).  Content may be a string, null, or a list of text parts (written
+# one after another, as Qwen3-VL-family templates do).
 QWEN3_STYLE_CHAT_TEMPLATE = """\
-{%- if messages[0].role == 'system' %}
-    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- macro render_content(content) %}
+    {%- if content is string %}
+        {{- content }}
+    {%- elif content is iterable and content is not mapping %}
+        {%- for item in content %}
+            {%- if item.type == 'text' %}
+                {{- item.text }}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+{%- endmacro %}
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- render_content(messages[0].content) + '\\n\\n' }}
+    {%- endif %}
+    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\\n' }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
+        '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+        '<args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
 {%- endif %}
 {%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
 {%- for message in messages[::-1] %}
     {%- set index = (messages|length - 1) - loop.index0 %}
-    {%- if ns.multi_step_tool and message.role == 'user' and message.content is string
-        and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+    {%- set text = render_content(message.content) %}
+    {%- if ns.multi_step_tool and message.role == 'user'
+        and not (text.startswith('<tool_response>') and text.endswith('</tool_response>')) %}
         {%- set ns.multi_step_tool = false %}
         {%- set ns.last_query_index = index %}
     {%- endif %}
 {%- endfor %}
 {%- for message in messages %}
-    {%- if message.content is string %}
-        {%- set content = message.content %}
-    {%- else %}
-        {%- set content = '' %}
-    {%- endif %}
+    {%- set content = render_content(message.content) %}
     {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
         {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
     {%- elif message.role == 'assistant' %}
@@ -71,6 +97,23 @@ QWEN3_STYLE_CHAT_TEMPLATE = """\
             {{- content.lstrip('\\n') }}
         {%- else %}
             {{- '<|im_start|>assistant\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
         {%- endif %}
         {{- '<|im_end|>\\n' }}
     {%- elif message.role == 'tool' %}

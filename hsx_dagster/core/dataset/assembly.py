@@ -30,6 +30,7 @@ from hsx_dagster import __version__
 from hsx_dagster.core.extraction.size_estimate import StoredShape
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary, read_tokenized_shard, tokenized_shard_keys
 from hsx_dagster.core.layers import LAYER_CONVENTION
+from hsx_dagster.core.model_info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import write_atomic
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
@@ -187,6 +188,7 @@ def assemble(
     if hidden_size is None:  # no chunk at all (every sample quarantined)
         hidden_size = StoredShape.of_model(model_path, first["layer_ids"], False).hidden_size
     tokenizer_file = model_path / "tokenizer.json"
+    description = _model_description(first, model_path)
     splits = table.column("split").to_pylist()
     manifest = {
         "format": DRAFTER_FORMAT,
@@ -201,8 +203,21 @@ def assemble(
             if tokenizer_file.is_file()
             else None,
             "chat_template_sha256_16": tokenized.tokenizer["chat_template_sha256_16"],
+            # the class transformers loaded the tokenizer files as, and the library versions (None: older data)
+            "tokenizer_class": tokenized.tokenizer.get("class"),
+            "tokenizer_files_sha256": tokenized.tokenizer.get("files_sha256"),
+            "transformers_version": tokenized.tokenizer.get("transformers_version"),
+            "tokenizers_version": tokenized.tokenizer.get("tokenizers_version"),
+            # the text model: num_hidden_layers (the N of the layer presets), hidden_size, architecture
+            **description,
         },
-        "layers": {"ids": first["layer_ids"], "convention": LAYER_CONVENTION, "include_final": first["include_final"]},
+        "layers": {
+            "ids": first["layer_ids"],
+            "convention": LAYER_CONVENTION,
+            "include_final": first["include_final"],
+            "preset": first.get("layer_preset"),  # eagle3, dflash-K, or None for an explicit list of ids
+            "num_hidden_layers": description["num_hidden_layers"],
+        },
         "hidden_size": hidden_size,
         "compute_dtype": first["compute_dtype"],
         "storage_dtype": first["storage_dtype"],
@@ -227,3 +242,16 @@ def assemble(
         manifest=manifest,
         ignored_folders=ignored,
     )
+
+
+def _model_description(provenance: dict, model_path: Path) -> dict:
+    """What shard.json says the text model is; read from the model's config.json for shards made before
+    shard.json recorded it (None where neither says)."""
+    recorded = provenance.get("model")
+    if isinstance(recorded, dict):
+        return recorded
+    try:
+        return ModelInfo.read(model_path).describe()
+    except ModelDirError:
+        keys = ("architecture", "architectures", "model_type", "text_model_type", "num_hidden_layers", "hidden_size")
+        return dict.fromkeys(keys)

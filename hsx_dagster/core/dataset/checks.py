@@ -6,43 +6,43 @@
 - numerics: no NaN/Inf (fp8 states de-quantised first); per-layer mean/std (a layer of zeros fails;
   an odd scale is reported);
 - parity: random samples re-extracted one at a time by an independent reference forward pass
-  (`AutoModelForCausalLM`, ``output_hidden_states``) match the stored tensors within the storage
-  dtype's tolerance. This is what catches batching, padding and ordering bugs on real runs.
+  (unpadded, ``output_hidden_states``, only the decoder layers needed) match the stored tensors within
+  the storage dtype's tolerance. This is what catches batching, padding and ordering bugs on real runs.
 
 The Dagster asset checks are thin wrappers over these.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
-from safetensors import safe_open
 
 from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
-from hsx_dagster.core.storage.chunk_reader import read_sample
 from hsx_dagster.core.storage.format import (
     COMPUTE_DTYPES,
     DRAFTER_INDEX_FILE,
     DRAFTER_QUARANTINE_FILE,
+    HIDDEN_STATES_FORMAT,
     MANIFEST_FILE,
-    SAFETENSORS_DTYPE_NAMES,
-    STATE_TENSORS,
-    STORAGE_DTYPES,
 )
-from hsx_dagster.core.storage.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for
+from hsx_dagster.core.storage.shard_checks import (
+    MAX_LISTED,
+    ChunkLayout,
+    LayerStatistics,
+    chunk_problems,
+    chunk_rows_mismatching,
+)
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 
 # Relative L2 error per token allowed by the storage dtype (its rounding), and added when the
@@ -50,7 +50,6 @@ from hsx_dagster.core.storage.shard_store import StoreError, read_index
 # fp8 e4m3 with block scales: 2.6% median, 4.0% at most per token on the demo model.
 STORAGE_TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2, "float8_e4m3": 6e-2}
 REDUCED_COMPUTE_TOLERANCE = 4e-2
-MAX_LISTED = 10
 
 
 def _manifest(drafter_dir: Path) -> dict:
@@ -94,20 +93,8 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
         wanted = {sample_id: row for row, sample_id in enumerate(tokenized.column("sample_id").to_pylist())}
         missing += [sample_id for sample_id in wanted if sample_id not in counts and sample_id not in quarantined]
         for chunk_name in sorted(c for c in rows_by_chunk if f"/{shard}/" in c):
-            with safe_open(str(root / chunk_name), framework="pt") as chunk:
-                offsets = chunk.get_tensor("offsets").tolist()
-                chunk_ids = chunk.get_tensor("sample_ids").tolist()
-                ids, masks = chunk.get_tensor("input_ids"), chunk.get_tensor("loss_mask")
-            for sample_id, position in rows_by_chunk[chunk_name]:
-                row = wanted.get(sample_id)
-                start, end = offsets[position], offsets[position + 1]
-                if (
-                    row is None
-                    or chunk_ids[position] != sample_id
-                    or ids[start:end].tolist() != tokenized.column("input_ids")[row].as_py()
-                    or masks[start:end].tolist() != tokenized.column("loss_mask")[row].as_py()
-                ):
-                    mismatched.append(sample_id)
+            positions = dict(rows_by_chunk[chunk_name])
+            mismatched += chunk_rows_mismatching(root / chunk_name, wanted, positions, tokenized)
     if missing:
         problems.append(f"{len(missing)} tokenized samples are missing (e.g. {sorted(missing)[:MAX_LISTED]})")
     if mismatched:
@@ -137,11 +124,8 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
 def check_integrity(drafter_dir: Path) -> CheckOutcome:
     manifest = _manifest(drafter_dir)
     root = _chunks_root(drafter_dir, manifest)
-    layers = len(manifest["layers"]["ids"])
-    storage_dtype = STORAGE_DTYPES[manifest["storage_dtype"]]
-    expected_dtype = SAFETENSORS_DTYPE_NAMES[storage_dtype]
-    hidden = manifest["hidden_size"]
-    scale_columns = hidden // block_size_for(hidden) if storage_dtype == FP8_DTYPE else None
+    layout = ChunkLayout.of_manifest(manifest)
+    header = {"format": HIDDEN_STATES_FORMAT, "storage_dtype": manifest["storage_dtype"]}
     problems: list[str] = []
     checked = total_bytes = 0
     for shard in [s["shard"] for s in manifest["shards"]]:
@@ -154,40 +138,8 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
         for record in records:
             path = folder / record.chunk
             checked += 1
-            if not path.is_file():
-                problems.append(f"{path}: missing")
-                continue
-            digest = hashlib.sha256()
-            with open(path, "rb") as handle:
-                while block := handle.read(16 * 2**20):
-                    digest.update(block)
-            total_bytes += path.stat().st_size
-            if digest.hexdigest() != record.sha256:
-                problems.append(f"{path}: checksum differs from the one recorded at write time (corrupted)")
-                continue
-            with safe_open(str(path), framework="pt") as chunk:
-                names = set(chunk.keys())
-                tokens = chunk.get_slice("input_ids").get_shape()[0]
-                found = {name: (chunk.get_slice(name).get_dtype(), chunk.get_slice(name).get_shape()) for name in names}
-            expected = {"hidden_states": (expected_dtype, [tokens, layers, hidden])}
-            if manifest["layers"]["include_final"]:
-                expected["final_hidden_states"] = (expected_dtype, [tokens, hidden])
-            if scale_columns is not None:
-                for name, (_, shape) in list(expected.items()):
-                    expected[name + SCALES_SUFFIX] = ("BF16", [*shape[:-1], scale_columns])
-            for name, (want_dtype, want_shape) in expected.items():
-                got = found.get(name)
-                if got is None:
-                    problems.append(f"{path}: {name} is missing")
-                elif got[0] != want_dtype or list(got[1]) != want_shape:
-                    problems.append(
-                        f"{path}: {name} is {got[0]} {list(got[1])}, the manifest says {want_dtype} {want_shape}"
-                    )
-            unexpected = sorted(
-                n for n in names if (n.endswith(SCALES_SUFFIX) or n in STATE_TENSORS) and n not in expected
-            )
-            if unexpected:
-                problems.append(f"{path}: {', '.join(unexpected)} present, the manifest disagrees")
+            total_bytes += path.stat().st_size if path.is_file() else 0
+            problems += chunk_problems(path, record, layout, {**header, "shard": shard})
     return CheckOutcome(
         not problems,
         "; ".join(problems[:MAX_LISTED]) or f"{checked} chunks: checksums, shapes and dtypes as recorded",
@@ -198,50 +150,12 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
 def check_numerics(drafter_dir: Path) -> CheckOutcome:
     manifest = _manifest(drafter_dir)
     root = _chunks_root(drafter_dir, manifest)
-    layer_ids = manifest["layers"]["ids"]
-    names = [f"layer {i}" for i in layer_ids] + (["final"] if manifest["layers"]["include_final"] else [])
-    sums = np.zeros(len(names))
-    squares = np.zeros(len(names))
-    nonzero = np.zeros(len(names), dtype=bool)
-    count = 0
-    bad_samples: list[int] = []
+    stats = LayerStatistics(manifest["layers"]["ids"], manifest["layers"]["include_final"])
     for shard in [s["shard"] for s in manifest["shards"]]:
         folder = root / "hidden_states" / shard
         for record in read_index(folder):
-            with safe_open(str(folder / record.chunk), framework="pt") as chunk:
-                offsets = chunk.get_tensor("offsets")
-                whole = read_sample(chunk, 0, int(offsets[-1]), dtype=torch.float32)  # fp8 de-quantised
-                states = whole["hidden_states"]  # [T, L, H]
-                if "final_hidden_states" in whole:
-                    states = torch.cat([states, whole["final_hidden_states"].unsqueeze(1)], dim=1)
-                sample_ids = chunk.get_tensor("sample_ids").tolist()
-            finite = torch.isfinite(states).all(dim=2).all(dim=1)  # per token
-            if not bool(finite.all()):
-                bad_tokens = torch.nonzero(~finite).flatten()
-                owners = torch.searchsorted(offsets, bad_tokens, right=True) - 1
-                bad_samples += sorted({sample_ids[int(k)] for k in owners})
-                states = torch.where(torch.isfinite(states), states, torch.zeros((), dtype=states.dtype))
-            sums += states.sum(dim=(0, 2)).double().numpy()
-            squares += (states.double() ** 2).sum(dim=(0, 2)).numpy()
-            nonzero |= (states != 0).any(dim=2).any(dim=0).numpy()
-            count += states.shape[0] * states.shape[2]
-    means = sums / max(count, 1)
-    stds = np.sqrt(np.maximum(squares / max(count, 1) - means**2, 0.0))
-    problems, warnings = [], []
-    if bad_samples:
-        problems.append(f"NaN or Inf in {len(bad_samples)} samples: {bad_samples[:MAX_LISTED]}")
-    for name, has_values in zip(names, nonzero):
-        if not has_values:
-            problems.append(f"{name} is all zeros")
-    median_std = float(np.median(stds[nonzero])) if nonzero.any() else 0.0
-    for name, std in zip(names, stds):
-        if median_std > 0 and std > 0 and (std > 100 * median_std or std < median_std / 100):
-            warnings.append(f"{name} has std {std:.3g}, far from the median layer's {median_std:.3g}")
-    table = {name: {"mean": round(float(m), 6), "std": round(float(s), 6)} for name, m, s in zip(names, means, stds)}
-    description = "; ".join(problems + warnings) or "all values finite; per-layer statistics in metadata"
-    return CheckOutcome(
-        not problems, description, {"per_layer": table, "nonfinite_samples": len(bad_samples), "warnings": warnings}
-    )
+            stats.add_chunk(folder / record.chunk)
+    return stats.outcome()
 
 
 def check_parity(
@@ -255,8 +169,16 @@ def check_parity(
     trust_remote_code: bool = False,
 ) -> CheckOutcome:
     """Re-extract ``samples`` random samples one at a time from their *tokenized* ids (the source of
-    truth, not the ids stored beside the states) and compare with what is stored for that sample."""
-    from transformers import AutoModelForCausalLM
+    truth, not the ids stored beside the states) and compare with what is stored for that sample.
+
+    The reference is the text decoder alone with only the layers the stored ids need (all of them only
+    when the final state is stored), found in any wrapper by the same lookup as the extraction's; it
+    runs each sample unpadded and reads Hugging Face's ``output_hidden_states``, not the extraction's
+    hooks. Its memory is released before this returns."""
+    import gc
+
+    from hsx_dagster.core.extraction.backbone import decoder_layers, load_text_decoder
+    from hsx_dagster.core.model_info import ModelInfo
 
     dataset = DrafterDataset(drafter_dir, dtype=torch.float32)
     manifest = dataset.manifest
@@ -272,17 +194,20 @@ def check_parity(
         table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
         for row in table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted), pa.int64()))).to_pylist():
             tokenized_ids[row["sample_id"]] = row["input_ids"]
-    model = AutoModelForCausalLM.from_pretrained(
-        manifest["model"]["path"], dtype=compute_dtype, trust_remote_code=trust_remote_code
-    )
-    model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # transformers types `.to` oddly
+    model_path = Path(manifest["model"]["path"])
     layer_ids = manifest["layers"]["ids"]
-    num_layers = model.config.get_text_config().num_hidden_layers
+    include_final = bool(manifest["layers"]["include_final"])
+    num_layers = manifest["model"].get("num_hidden_layers") or ModelInfo.read(model_path).num_hidden_layers
+    keep = num_layers if include_final else max(layer_ids) + 1
+    loaded = load_text_decoder(
+        model_path, keep, device=device, compute_dtype=compute_dtype, trust_remote_code=trust_remote_code
+    )
+    model = loaded.model
+    # Hugging Face's last hidden state is after the final norm; the raw last kept layer needs a hook.
     last_layer_output: list[torch.Tensor] = []
-    # Hugging Face's last hidden state is after the final norm; the raw last layer needs a hook.
     hook = None
-    if num_layers - 1 in layer_ids:
-        hook = model.model.layers[num_layers - 1].register_forward_hook(
+    if keep - 1 in layer_ids:
+        hook = decoder_layers(model)[keep - 1].register_forward_hook(
             lambda module, inputs, output: last_layer_output.append(output[0] if isinstance(output, tuple) else output)
         )
     worst: dict[str, float] = defaultdict(float)
@@ -297,14 +222,14 @@ def check_parity(
                     continue
                 last_layer_output.clear()
                 input_ids = torch.tensor([source], dtype=torch.int64, device=device)
-                outputs = model(input_ids=input_ids, output_hidden_states=True)
+                outputs = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
                 references = {
-                    f"layer {i}": (last_layer_output[0] if i == num_layers - 1 else outputs.hidden_states[i + 1])[0]
+                    f"layer {i}": (last_layer_output[0] if i == keep - 1 else outputs.hidden_states[i + 1])[0]
                     for i in layer_ids
                 }
                 stored = {f"layer {i}": sample["hidden_states"][:, k] for k, i in enumerate(layer_ids)}
                 if "final_hidden_states" in sample:
-                    references["final"] = outputs.hidden_states[-1][0]
+                    references["final"] = outputs.last_hidden_state[0]
                     stored["final"] = sample["final_hidden_states"]
                 sample_ok = True
                 for name, reference in references.items():
@@ -314,9 +239,15 @@ def check_parity(
                     sample_ok &= bool(error.max() <= tolerance)
                 if not sample_ok:
                     failing.append(sample["sample_id"])
+                del outputs
     finally:
         if hook is not None:
             hook.remove()
+        del model, loaded
+        last_layer_output.clear()
+        gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
     description = (
         f"{len(failing)} of {len(picked)} re-extracted samples differ beyond {tolerance:g} relative error: "
         f"{failing[:MAX_LISTED]}"
@@ -330,6 +261,7 @@ def check_parity(
             "samples_checked": len(picked),
             "tolerance": tolerance,
             "max_relative_error": {k: round(v, 6) for k, v in worst.items()},
+            "reference_layers_loaded": f"{keep} of {num_layers}",
         },
     )
 

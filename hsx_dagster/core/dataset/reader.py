@@ -81,6 +81,36 @@ class DrafterDataset(torch.utils.data.Dataset):
         return list(self._sample_ids)
 
     @property
+    def model(self) -> dict[str, Any]:
+        """The target's text model as the manifest records it: ``num_hidden_layers``, ``hidden_size``,
+        ``architecture`` (the release's, e.g. Qwen3_5ForConditionalGeneration), ``model_type``,
+        ``text_model_type``, plus ``path`` and the hashes of its config, weights index and tokenizer."""
+        return dict(self.manifest["model"])
+
+    @property
+    def num_hidden_layers(self) -> int | None:
+        """Decoder layers of the target's text model: the N the layer presets were resolved with."""
+        return self.manifest["model"].get("num_hidden_layers")
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.manifest["hidden_size"])
+
+    @property
+    def architecture(self) -> str | None:
+        return self.manifest["model"].get("architecture")
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Stored layer ids, in the order of the L axis of ``hidden_states`` (id i = output of decoder layer i)."""
+        return list(self.manifest["layers"]["ids"])
+
+    @property
+    def layer_preset(self) -> str | None:
+        """The preset the ids were resolved from (``eagle3``, ``dflash-K``), None for an explicit list."""
+        return self.manifest["layers"].get("preset")
+
+    @property
     def num_tokens(self) -> list[int]:
         """Token count per sample (for length-grouped samplers), without reading any tensor."""
         return list(self._num_tokens)

@@ -25,24 +25,54 @@ class Batch:
         return len(self.rows) * self.longest
 
 
+class LengthOrder:
+    """Rows longest first, cut into batches from the front one at a time, each batch under its own
+    budgets: what lets the batch shape change in the middle of a run (the shape probe) and after an
+    out-of-memory error. Cutting the whole order with one shape gives `plan_batches`."""
+
+    def __init__(self, num_tokens: Sequence[int] | np.ndarray) -> None:
+        self.lengths = np.asarray(num_tokens, dtype=np.int64)
+        self.order = np.argsort(-self.lengths, kind="stable")
+        sorted_lengths = self.lengths[self.order]
+        self._cumulative = np.concatenate([[0], np.cumsum(sorted_lengths)])
+        self._sorted = sorted_lengths
+        self.position = 0
+
+    def __len__(self) -> int:
+        return len(self.order) - self.position
+
+    @property
+    def remaining_tokens(self) -> int:
+        return int(self._cumulative[-1] - self._cumulative[self.position])
+
+    @property
+    def next_length(self) -> int:
+        """Length of the longest row left (0 when none is)."""
+        return int(self._sorted[self.position]) if len(self) else 0
+
+    def peek(self, batch_size: int, max_batch_tokens: int) -> Batch:
+        """The batch `take` would cut with these budgets, without taking it."""
+        if not len(self):
+            raise IndexError("no rows left")
+        longest = int(self._sorted[self.position])
+        # Sorted descending, so the first row is the longest; a row longer than the budget runs alone.
+        count = max(1, min(batch_size, max_batch_tokens // longest, len(self)))
+        end = self.position + count
+        real = int(self._cumulative[end] - self._cumulative[self.position])
+        return Batch(tuple(int(row) for row in self.order[self.position : end]), longest, real)
+
+    def take(self, batch_size: int, max_batch_tokens: int) -> Batch:
+        batch = self.peek(batch_size, max_batch_tokens)
+        self.position += len(batch.rows)
+        return batch
+
+
 def plan_batches(num_tokens: Sequence[int] | np.ndarray, batch_size: int, max_batch_tokens: int) -> list[Batch]:
     """Group samples into batches, longest first; a sample longer than the token budget runs alone."""
-    lengths = np.asarray(num_tokens, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
+    order = LengthOrder(num_tokens)
     batches: list[Batch] = []
-    rows: list[int] = []
-    longest = 0
-    for position in order.tolist():
-        length = int(lengths[position])
-        # Sorted descending, so the first row of a batch is its longest.
-        if rows and (len(rows) + 1 > batch_size or (len(rows) + 1) * longest > max_batch_tokens):
-            batches.append(Batch(tuple(rows), longest, int(lengths[rows].sum())))
-            rows = []
-        if not rows:
-            longest = length
-        rows.append(position)
-    if rows:
-        batches.append(Batch(tuple(rows), longest, int(lengths[rows].sum())))
+    while len(order):
+        batches.append(order.take(batch_size, max_batch_tokens))
     return batches
 
 

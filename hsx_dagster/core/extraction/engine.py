@@ -7,6 +7,10 @@ flat ``[tokens, layers, hidden]`` tensor in the storage dtype *on the device*, a
 host once (pinned memory, non-blocking). With fp8 storage the states are quantised on the device
 too, so the copy is half as big. Per-token NaN/Inf flags travel with the batch, so screening them
 costs no synchronisation. A background thread turns batches into chunks while the next batch computes.
+
+Batches are cut one at a time from the pending samples, longest first, in the shape `BatchShaper`
+gives (batch_shape.py): the user's numbers, or with ``auto`` the fastest shape a short probe on the
+shard's own first batches found.
 """
 
 from __future__ import annotations
@@ -17,14 +21,15 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.batching import Batch, plan_batches
+from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, LapTimer, Shape
+from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, quantize
@@ -35,13 +40,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ExtractOptions:
-    batch_size: int = 32
-    max_batch_tokens: int = 32768
+    batch_size: int | str = "auto"  # most rows per batch, or "auto" (probed)
+    max_batch_tokens: int | str = "auto"  # most computed tokens per batch, or "auto" (probed)
     storage_dtype: str = "bfloat16"
     chunk_bytes: int = 256 * 2**20
     progress_every_s: float = 5.0
     pad_token_id: int = 0
     nan_policy: str = "fail"  # or "quarantine": see ChunkWriter
+    probe_budget: float = BUDGET_FRACTION  # share of the run the batch shape probes may cost
 
 
 @dataclass
@@ -62,6 +68,8 @@ class ExtractionReport:
     peak_memory_bytes: int
     device: str
     quarantined: list[dict]  # samples set aside by this run, with the reason
+    final_batch_size: int = 0  # rows cap in use at the end
+    batch_shape: dict = field(default_factory=dict)  # how the shape was chosen: BatchShaper.summary()
 
     @classmethod
     def nothing_to_do(cls, shard: str, samples_total: int, device: torch.device) -> ExtractionReport:
@@ -83,6 +91,12 @@ class ExtractionReport:
     def forward_share(self) -> float:
         return self.forward_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def probe_share(self) -> float:
+        """Time lost to the batch shape probes' slower shapes, as a share of the run."""
+        lost = self.batch_shape.get("probe_overhead_s", 0.0)
+        return lost / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
     def to_dict(self) -> dict:
         return {
             **asdict(self),
@@ -90,42 +104,12 @@ class ExtractionReport:
             "tokens_per_s": round(self.tokens_per_s, 1),
             "padding_efficiency": round(self.padding_efficiency, 4),
             "forward_share": round(self.forward_share, 4),
+            "probe_share": round(self.probe_share, 4),
         }
 
 
 def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
-class _ForwardTimer:
-    """Time spent in forward passes; CUDA events on a GPU so timing never forces a synchronisation."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.seconds = 0.0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-
-    def start(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def stop(self, started) -> None:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((started, end))
-        else:
-            self.seconds += time.perf_counter() - started
-
-    def total(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000
-            self._events.clear()
-        return self.seconds
 
 
 def extract_shard(
@@ -156,20 +140,34 @@ def extract_shard(
     if len(todo) < len(all_ids):
         report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
 
-    budget = options.max_batch_tokens
-    queue = deque(plan_batches(lengths, options.batch_size, budget))
-    timer = _ForwardTimer(device)
+    order = LengthOrder(lengths)
+    shaper = BatchShaper(
+        options.batch_size,
+        options.max_batch_tokens,
+        device,
+        order,
+        budget_fraction=options.probe_budget,
+        report=report,
+        shard=shard,
+    )
+    retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
+    timer = LapTimer(device)
     slot_names = [f"layer {i}" for i in backbone.info.layer_ids] + (["final"] if backbone.info.include_final else [])
     writer = ChunkWriter(store, options.chunk_bytes, metadata, nan_policy=options.nan_policy, slot_names=slot_names)
     extracted = tokens = computed = batches = oom_splits = 0
     last_report = started
     try:
-        while queue:
-            batch = queue.popleft()
+        while retry or len(order):
+            shape: Shape | None = None
+            if retry:
+                batch, measured = retry.popleft(), False
+            else:
+                shape, measured = shaper.next_shape()
+                batch = order.take(shape.batch_size, shape.max_batch_tokens)
             rows = todo[list(batch.rows)]
             try:
                 host = _run_batch(
-                    backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, options.pad_token_id, timer
+                    backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, options.pad_token_id, timer, measured
                 )
             except Exception as error:  # only out-of-memory is recoverable here
                 if not is_out_of_memory(error):
@@ -182,13 +180,18 @@ def extract_shard(
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 oom_splits += 1
-                budget = max(batch.longest, min(budget, batch.computed_tokens // 2))
-                queue = deque(_split(batch, lengths, budget) + _replan(queue, lengths, options.batch_size, budget))
+                budget = shaper.out_of_memory(batch, shape or Shape(len(batch.rows), batch.computed_tokens))
+                retry.extendleft(reversed(_split(batch, lengths, budget)))
                 report(
                     f"{shard}: out of memory on a batch of {len(batch.rows)} rows x {batch.longest} tokens; "
                     f"split it and lowered max_batch_tokens to {budget} for the rest of the run"
                 )
                 continue
+            if shape is None:
+                shaper.record_unplanned()
+            else:
+                assert timer.last is not None
+                shaper.record(batch, timer.last)
             writer.submit(host)
             extracted += len(rows)
             tokens += batch.real_tokens
@@ -197,7 +200,10 @@ def extract_shard(
             now = time.perf_counter()
             if now - last_report >= options.progress_every_s:
                 last_report = now
-                report(_progress_line(shard, extracted, len(todo), tokens, computed, now - started))
+                report(
+                    _progress_line(shard, extracted, len(todo), tokens, computed, now - started)
+                    + f", batches of <= {shaper.current}"
+                )
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
@@ -215,10 +221,12 @@ def extract_shard(
         elapsed_s=elapsed,
         forward_s=timer.total(),
         oom_splits=oom_splits,
-        final_max_batch_tokens=budget,
+        final_max_batch_tokens=shaper.current.max_batch_tokens,
         peak_memory_bytes=_peak_memory(device),
         device=str(device),
         quarantined=[asdict(record) for record in writer.quarantined],
+        final_batch_size=shaper.current.batch_size,
+        batch_shape=shaper.summary(),
     )
 
 
@@ -230,7 +238,8 @@ def _run_batch(
     sample_ids: np.ndarray,
     storage_dtype: torch.dtype,
     pad_token_id: int,
-    timer: _ForwardTimer,
+    timer: LapTimer,
+    measured: bool = False,
 ) -> HostBatch:
     ids_per_row = [input_ids[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
     masks_per_row = [loss_mask[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
@@ -255,7 +264,7 @@ def _run_batch(
     if cuda:
         positions = positions.pin_memory().to(device, non_blocking=True)
 
-    started = timer.start()
+    started = timer.start(sync=measured)
     captured = backbone.forward(input_tensor, mask_tensor)
     slots = list(backbone.info.layer_ids) + (["final"] if backbone.info.include_final else [])
     hidden_size = captured[slots[0]].shape[-1]
@@ -278,7 +287,7 @@ def _run_batch(
         states = {name: tensor[:, :-1] for name, tensor in states.items()} | {
             name.replace("hidden_states", "final_hidden_states"): tensor[:, -1] for name, tensor in states.items()
         }
-    timer.stop(started)
+    timer.stop(started, sync=measured)
 
     ready = None
     if cuda:
@@ -312,11 +321,6 @@ def _split(batch: Batch, lengths: np.ndarray, budget: int) -> list[Batch]:
     """The rows of a failed batch as at least two smaller batches."""
     rows = np.asarray(batch.rows)
     return _plan_rows(rows, lengths, max(1, len(rows) // 2), budget)
-
-
-def _replan(queue: deque[Batch], lengths: np.ndarray, batch_size: int, budget: int) -> list[Batch]:
-    rows = np.asarray([row for batch in queue for row in batch.rows], dtype=np.int64)
-    return _plan_rows(rows, lengths, batch_size, budget) if len(rows) else []
 
 
 def _plan_rows(rows: np.ndarray, lengths: np.ndarray, batch_size: int, budget: int) -> list[Batch]:

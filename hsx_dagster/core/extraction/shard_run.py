@@ -19,12 +19,13 @@ import torch
 
 from hsx_dagster import __version__
 from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
+from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR, claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, ExtractOptions, extract_shard
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.model_info import check_model_dir, model_fingerprint
+from hsx_dagster.core.model_info import ModelInfo, check_model_dir, model_fingerprint
 from hsx_dagster.core.settings import ExtractionSettings, Settings
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
@@ -48,13 +49,15 @@ class ShardJob:
     model_path: Path
     layer_ids: tuple[int, ...]
     include_final: bool = False
+    layer_preset: str | None = None  # the model.layers preset the ids were resolved from (None: an explicit list)
     devices: tuple[str, ...] = ("auto",)
     compute_dtype: str = "auto"
     storage_dtype: str = "bfloat16"
     nan_policy: str = "fail"
-    attn_implementation: str = "sdpa"
-    batch_size: int = 32
-    max_batch_tokens: int = 32768
+    attn_implementation: str = "auto"
+    batch_size: int | str = "auto"  # a number, or "auto": probed on the shard's first batches (batch_shape.py)
+    max_batch_tokens: int | str = "auto"
+    probe_budget: float = BUDGET_FRACTION  # share of the run the batch shape probes may cost (auto shapes)
     chunk_bytes: int = 256 * 2**20
     trust_remote_code: bool = False
     device_wait_s: float = 600.0
@@ -76,6 +79,7 @@ class ShardJob:
             output_dir=settings.shard_dir(shard),
             model_path=settings.model.path,
             layer_ids=tuple(settings.layer_ids),
+            layer_preset=settings.model.layers if isinstance(settings.model.layers, str) else None,
             include_final=settings.model.include_final,
             trust_remote_code=settings.model.trust_remote_code,
             devices=tuple(extraction.devices),
@@ -140,6 +144,8 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
         **model_fingerprint(job.model_path),
         "layer_ids": list(job.layer_ids),
         "layer_convention": LAYER_CONVENTION,
+        "layer_preset": job.layer_preset,
+        "model": ModelInfo.read(job.model_path).describe(),  # layer count, width and architecture of the text model
         "include_final": job.include_final,
         "storage_dtype": job.storage_dtype,
         "compute_dtype": str(compute_dtype).removeprefix("torch."),
@@ -185,6 +191,7 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
             chunk_bytes=job.chunk_bytes,
             pad_token_id=_pad_token_id(backbone),
             nan_policy=job.nan_policy,
+            probe_budget=job.probe_budget,
         )
         try:
             result = extract_shard(job.shard, table, backbone, store, options, metadata, progress=report, pending=todo)

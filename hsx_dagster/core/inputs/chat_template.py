@@ -12,6 +12,14 @@ learnt once per tokenizer by rendering a probe conversation (`TemplateMarkers.pr
 rendered conversation, each assistant turn runs from the end of its header to the end of its
 end-of-turn marker; those characters, and only those, are supervised. Tokens are assigned to a
 turn by the offset of their first character.
+
+Every message reaches the template with every field the record gave (reasoning_content, tool_calls,
+tool_call_id, name, content null or a list of text parts) and the record's tool schemas go in as
+``tools=``, so the rendered text is exactly ``apply_chat_template(messages, tools=tools)``. Only
+content holding the template's structural markers (the turn header, the end-of-turn marker, the
+special tokens that delimit turns, bos/eos/pad/unk) is refused: with those, a message could forge
+a turn. Reasoning and tool tags (``<think>``, ``<tool_call>``) are accepted even when the
+tokenizer marks them special, since templates parse them out of content themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,12 +52,16 @@ class SampleRejected(Exception):
         self.reason = reason
         self.detail = detail
 
+    def __reduce__(self):  # rebuilt from (reason, detail) when it comes back from a worker process
+        return (type(self), (self.reason, self.detail))
+
 
 @dataclass(frozen=True)
 class TemplateMarkers:
     assistant_header: str
     end_of_turn: str
-    control_strings: tuple[str, ...]
+    control_strings: tuple[str, ...]  # structural markers: content holding one is refused
+    content_parts: bool = False  # the template renders content given as a list of text parts
 
     @classmethod
     def probe(cls, tokenizer, name: str = "tokenizer") -> TemplateMarkers:
@@ -84,8 +97,33 @@ class TemplateMarkers:
             end_of_turn = footer.rstrip()
         if not end_of_turn:
             raise TemplateError(f"{name}: the chat template ends assistant turns with nothing (no end-of-turn token)")
-        controls = {s for s in special if s} | {header.strip(), end_of_turn.strip()}
-        return cls(header, end_of_turn, tuple(sorted(s for s in controls if s)))
+        # Structural: the special tokens the template writes around a plain user turn, into the assistant
+        # header and the end-of-turn marker, and the tokenizer's bos/eos/pad/unk. Not structural: special
+        # tokens the template writes only from content it parses (reasoning and tool tags).
+        scaffold = bare + header + end_of_turn
+        controls = {s for s in special if s and s in scaffold} | _role_tokens(tokenizer)
+        controls |= {header.strip(), end_of_turn.strip()}
+        return cls(header, end_of_turn, tuple(sorted(s for s in controls if s)), _renders_parts(tokenizer))
+
+
+def _role_tokens(tokenizer) -> set[str]:
+    """The tokenizer's bos, eos, pad and unk tokens (as text)."""
+    found = set()
+    for attribute in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(tokenizer, attribute, None)
+        if value:
+            found.add(str(value))
+    return found
+
+
+def _renders_parts(tokenizer) -> bool:
+    """Whether the template writes the text of content given as a list of parts (else parts are joined
+    into one string before rendering, as OpenAI-compatible servers do for string-only templates)."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": _PROBE_USER}]}]
+    try:
+        return _PROBE_USER in tokenizer.apply_chat_template(parts, tokenize=False)
+    except Exception:  # a template that only takes strings may raise on a list
+        return False
 
 
 @dataclass(frozen=True)
@@ -101,10 +139,20 @@ class TokenizedConversation:
     truncated: bool
 
 
-def sample_id_of(messages: Sequence[Message]) -> int:
+def sample_id_of(messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> int:
     """A stable 63-bit id from the conversation's content: the same conversation always gets the same
-    id, whatever file or position it comes from, and exact duplicates are recognised."""
-    canonical = json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False, separators=(",", ":"))
+    id, whatever file or position it comes from, and exact duplicates are recognised. A plain message
+    (role and text only) hashes as it always has; reasoning, tool calls, tool ids and names, null
+    content, text parts and the record's tools are part of the id when present."""
+    canonical_messages: list[list[Any]] = []
+    for m in messages:
+        if m.is_plain:
+            canonical_messages.append([m.role, m.content])
+        else:
+            extra = {key: value for key, value in m.as_chat(content_parts=True).items() if key != "role"}
+            canonical_messages.append([m.role, m.content, extra])
+    payload: Any = canonical_messages if tools is None else [canonical_messages, {"tools": list(tools)}]
+    canonical = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
     return int.from_bytes(hashlib.blake2b(canonical.encode("utf-8"), digest_size=8).digest(), "big") >> 1
 
 
@@ -115,30 +163,53 @@ def strip_reasoning(content: str) -> str:
     return content
 
 
+def chat_messages(conversation: Conversation, markers: TemplateMarkers, thinking: str) -> list[dict[str, Any]]:
+    """The messages handed to ``apply_chat_template``: as the record gave them, except that
+    ``thinking='strip'`` removes reasoning (``reasoning_content`` and inline ``<think>``) from assistant turns."""
+    chat = conversation.as_chat(markers.content_parts)
+    if thinking == "strip":
+        for message in chat:
+            if message["role"] != "assistant":
+                continue
+            message.pop("reasoning_content", None)
+            if isinstance(message["content"], str):
+                message["content"] = strip_reasoning(message["content"])
+            elif isinstance(message["content"], list):
+                message["content"] = [{**part, "text": strip_reasoning(part["text"])} for part in message["content"]]
+    return chat
+
+
 def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thinking: str) -> RenderedConversation:
-    """Render with the chat template and locate the characters of each assistant turn.
+    """Render with the chat template (``apply_chat_template(messages, tools=tools)``) and locate the
+    characters of each assistant turn.
 
     ``thinking``: 'keep' supervises reasoning wherever the template renders it; 'strip' removes it
-    from every assistant turn before rendering; 'exclude_from_loss' renders it but leaves it out of
-    the loss.
+    (``reasoning_content`` and inline ``<think>``) from every assistant turn before rendering;
+    'exclude_from_loss' renders it but leaves it out of the loss.
     """
     messages = conversation.messages
     for position, message in enumerate(messages):
+        for field, value in message.texts():
+            for control in markers.control_strings:
+                if control in value:
+                    where = "" if field == "content" else f" in {field}"
+                    raise SampleRejected(
+                        RejectReason.CONTROL_TOKEN_IN_CONTENT,
+                        f"message {position} ({message.role}) contains the chat-template control text "
+                        f"{control!r}{where}",
+                    )
+    tools = conversation.chat_tools()
+    if tools:
+        schema = json.dumps(tools, ensure_ascii=False, default=str)
         for control in markers.control_strings:
-            if control in message.content:
+            if control in schema:
                 raise SampleRejected(
                     RejectReason.CONTROL_TOKEN_IN_CONTENT,
-                    f"message {position} ({message.role}) contains the chat-template control text {control!r}",
+                    f"the tools contain the chat-template control text {control!r}",
                 )
-    chat = [
-        {
-            "role": m.role,
-            "content": strip_reasoning(m.content) if thinking == "strip" and m.role == "assistant" else m.content,
-        }
-        for m in messages
-    ]
+    chat = chat_messages(conversation, markers, thinking)
     try:
-        text = tokenizer.apply_chat_template(chat, tokenize=False)
+        text = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False)
     except Exception as exc:  # a template may raise on shapes it does not support (e.g. role order)
         raise SampleRejected(RejectReason.TEMPLATE_ERROR, f"chat template failed: {exc}") from None
 

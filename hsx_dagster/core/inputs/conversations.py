@@ -4,6 +4,20 @@ Inputs: JSON Lines (``.jsonl``, ``.ndjson``, optionally ``.gz``), a JSON array (
 dumps come in) or Parquet. Each record is either ShareGPT (``conversations: [{from, value}]``) or
 OpenAI chat (``messages: [{role, content}]``); the form is detected per record, so mixed files work.
 
+Everything a chat template can render is kept, as given, so that it reaches
+``tokenizer.apply_chat_template(messages, tools=tools)`` unchanged:
+
+- OpenAI messages: ``content`` as a string, ``null`` (an assistant turn that only calls tools) or a
+  list of text parts; ``reasoning_content`` (or ``reasoning``); ``tool_calls`` (``function.arguments``
+  as an object or a JSON string, kept exactly as given); ``tool_call_id``; ``name``; the record's
+  ``tools`` (a list, or a JSON string of one).
+- ShareGPT: roles ``system``/``human``/``gpt``, and the tool-use variant's ``function_call`` (an
+  assistant turn whose value is a JSON call or list of calls) and ``observation`` (a tool response),
+  with the record's ``tools`` (JSON string or list) and ``system`` (a system prompt).
+
+A field the pipeline does not understand is not silently dropped: the conversation carries it in
+``ignored`` ("message_field:weight", "record_field:source"), and tokenisation counts it per reason.
+
 `iter_records` yields a `Conversation` for every usable record and a `Reject` (with the file, the
 record's position and a reason code) for every other one; nothing is skipped silently. Problems
 with a whole file (unknown format, empty file, wrong Parquet schema, not gzip) raise `InputFileError`
@@ -18,6 +32,7 @@ exhausting memory.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import io
 import json
@@ -38,8 +53,17 @@ ROLE_ALIASES = {
     "gpt": "assistant",
     "assistant": "assistant",
     "tool": "tool",
+    # ShareGPT tool-use variant (LLaMA-Factory, glaive): a call made by the assistant, and its result.
+    "function_call": "assistant",
+    "observation": "tool",
 }
 CONVERSATION_FIELDS = ("conversations", "messages")
+# Record fields read besides the conversation; in Parquet, the columns read.
+RECORD_FIELDS = (*CONVERSATION_FIELDS, "tools", "system")
+# Record fields that identify a record and are not meant for the template: not reported as ignored.
+IDENTITY_FIELDS = ("id", "conversation_id", "uuid")
+OPENAI_MESSAGE_FIELDS = ("role", "content", "reasoning_content", "reasoning", "tool_calls", "tool_call_id", "name")
+SHAREGPT_MESSAGE_FIELDS = ("from", "value")
 PARQUET_BATCH_ROWS = 512
 UTF8_BOM = b"\xef\xbb\xbf"
 ARRAY_READ_CHARS = 1 << 20
@@ -68,6 +92,7 @@ class RejectReason:
     NON_TEXT_CONTENT = "non_text_content"
     EMPTY_CONVERSATION = "empty_conversation"
     NO_ASSISTANT_TURN = "no_assistant_turn"
+    MALFORMED_TOOLS = "malformed_tools"
     # Decided later, by tokenisation:
     DUPLICATE = "duplicate"
     CONTROL_TOKEN_IN_CONTENT = "control_token_in_content"
@@ -77,8 +102,60 @@ class RejectReason:
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """One message, with everything a chat template can render, as the record gave it."""
+
     role: str  # system | user | assistant | tool
-    content: str
+    content: str  # the text ('' when the record's content is null; text parts joined)
+    reasoning_content: str | None = None  # from `reasoning_content` or `reasoning`
+    tool_calls: tuple[dict[str, Any], ...] | None = None  # OpenAI tool calls, exactly as given
+    tool_call_id: str | None = None
+    name: str | None = None
+    null_content: bool = False  # the record's content was null (how OpenAI sends a turn that only calls tools)
+    parts: tuple[str, ...] | None = None  # content came as a list of text parts: their texts
+
+    @property
+    def is_plain(self) -> bool:
+        """Only a role and a string: the form every template renders and sample ids were first made of."""
+        return (
+            self.reasoning_content is None
+            and self.tool_calls is None
+            and self.tool_call_id is None
+            and self.name is None
+            and not self.null_content
+            and self.parts is None
+        )
+
+    def as_chat(self, content_parts: bool = False) -> dict[str, Any]:
+        """The message as ``apply_chat_template`` takes it: the fields the record had, as given.
+        ``content_parts``: hand text parts over as a list (for templates that render lists of parts);
+        otherwise they are joined into one string."""
+        content: Any = self.content
+        if self.null_content:
+            content = None
+        elif self.parts is not None and content_parts:
+            content = [{"type": "text", "text": text} for text in self.parts]
+        out: dict[str, Any] = {"role": self.role, "content": content}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls is not None:
+            out["tool_calls"] = copy.deepcopy(list(self.tool_calls))
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    def texts(self) -> Iterator[tuple[str, str]]:
+        """(field, text) for every string of the message that the template may write into the prompt."""
+        yield "content", self.content
+        if self.reasoning_content is not None:
+            yield "reasoning_content", self.reasoning_content
+        if self.name is not None:
+            yield "name", self.name
+        if self.tool_call_id is not None:
+            yield "tool_call_id", self.tool_call_id
+        for index, call in enumerate(self.tool_calls or ()):
+            yield f"tool_calls[{index}]", json.dumps(call, ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +164,22 @@ class Conversation:
     source_index: int  # 0-based position of the record in its file (line, row or array item)
     location: str  # the same position for humans: "line 12", "row 4", "item 7"
     messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] | None = None  # the record's tool schemas, as given
+    ignored: tuple[str, ...] = ()  # fields not understood: "message_field:<key>", "record_field:<key>"
 
-    def as_chat(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+    def as_chat(self, content_parts: bool = False) -> list[dict[str, Any]]:
+        return [m.as_chat(content_parts) for m in self.messages]
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        """The tools argument of ``apply_chat_template``: the record's tool schemas, or None."""
+        return copy.deepcopy(list(self.tools)) if self.tools is not None else None
+
+    def as_record(self) -> dict[str, Any]:
+        """The conversation as an OpenAI-form record (``messages`` and, when given, ``tools``)."""
+        record: dict[str, Any] = {"messages": self.as_chat(content_parts=True)}
+        if self.tools is not None:
+            record["tools"] = self.chat_tools()
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +365,7 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     parquet = pq.ParquetFile(path)
-    columns = [name for name in CONVERSATION_FIELDS if name in parquet.schema_arrow.names]
+    columns = [name for name in RECORD_FIELDS if name in parquet.schema_arrow.names]
     index = 0
     for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
         for record in batch.to_pylist():
@@ -302,52 +392,193 @@ def _normalise(source: str, index: int, location: str, record: Any) -> Conversat
         return reject(RejectReason.MISSING_CONVERSATION, f"'{kind}' is a {type(turns).__name__}, not a list")
     if not turns:
         return reject(RejectReason.EMPTY_CONVERSATION, f"'{kind}' is empty")
-    role_key, content_key = ("from", "value") if kind == "conversations" else ("role", "content")
+    ignored = [
+        f"record_field:{key}"
+        for key, value in record.items()
+        if key not in RECORD_FIELDS and key not in IDENTITY_FIELDS and value is not None
+    ]
+    try:
+        tools = _tools(record.get("tools"))
+    except _Malformed as exc:
+        return reject(RejectReason.MALFORMED_TOOLS, f"'tools' {exc}")
 
-    messages = []
+    messages: list[Message] = []
     for position, turn in enumerate(turns):
         where = f"{kind}[{position}]"
-        if not isinstance(turn, dict) or role_key not in turn:
-            return reject(RejectReason.MALFORMED_MESSAGE, f"{where} has no '{role_key}'")
-        raw_role = turn[role_key]
-        role = ROLE_ALIASES.get(raw_role.strip().lower()) if isinstance(raw_role, str) else None
-        if role is None:
-            return reject(RejectReason.UNKNOWN_ROLE, f"{where}.{role_key} is {raw_role!r}")
-        content = _text_content(turn.get(content_key))
-        if content is None:
-            shown = type(turn.get(content_key)).__name__
-            return reject(RejectReason.NON_TEXT_CONTENT, f"{where}.{content_key} is a {shown}, not text")
-        if not content.isascii():
-            try:
-                content.encode("utf-8")
-            except UnicodeEncodeError as exc:  # JSON escapes like "\ud800" decode to lone surrogates
-                return reject(
-                    RejectReason.INVALID_UTF8,
-                    f"{where}.{content_key} holds {content[exc.start]!r} at character {exc.start}, "
-                    "a lone surrogate that is not valid Unicode",
-                )
-        messages.append(Message(role, content))
+        try:
+            if kind == "conversations":
+                message = _sharegpt_message(turn, where, ignored)
+            else:
+                message = _openai_message(turn, where, ignored)
+        except _Rejected as exc:
+            return reject(exc.reason, exc.detail)
+        for name, text in message.texts():
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:  # JSON escapes like "\ud800" decode to lone surrogates
+                    return reject(
+                        RejectReason.INVALID_UTF8,
+                        f"{where}.{name} holds {text[exc.start]!r} at character {exc.start}, "
+                        "a lone surrogate that is not valid Unicode",
+                    )
+        messages.append(message)
+
+    system = record.get("system")
+    if isinstance(system, str) and system and messages[0].role != "system":
+        messages.insert(0, Message("system", system))  # the ShareGPT variants' system prompt, as a system turn
+    elif system is not None and system != "":
+        ignored.append("record_field:system")  # not text, or a system message is already there
 
     if all(m.role == "system" for m in messages):
         return reject(RejectReason.NO_ASSISTANT_TURN, "only system turns")
     if not any(m.role == "assistant" for m in messages):
         return reject(RejectReason.NO_ASSISTANT_TURN, "no assistant turn to learn from")
-    return Conversation(source, index, location, tuple(messages))
+    return Conversation(source, index, location, tuple(messages), tools, tuple(ignored))
 
 
-def _text_content(content: Any) -> str | None:
-    """A message's text; OpenAI lists of text parts are joined, anything else is not text."""
+class _Rejected(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+class _Malformed(ValueError):
+    """A value of the wrong shape; the message says what it is."""
+
+
+def _role(turn: Any, role_key: str, where: str) -> tuple[str, str]:
+    if not isinstance(turn, dict) or role_key not in turn:
+        raise _Rejected(RejectReason.MALFORMED_MESSAGE, f"{where} has no '{role_key}'")
+    raw_role = turn[role_key]
+    role = ROLE_ALIASES.get(raw_role.strip().lower()) if isinstance(raw_role, str) else None
+    if role is None:
+        raise _Rejected(RejectReason.UNKNOWN_ROLE, f"{where}.{role_key} is {raw_role!r}")
+    return role, raw_role.strip().lower()
+
+
+def _sharegpt_message(turn: Any, where: str, ignored: list[str]) -> Message:
+    role, raw_role = _role(turn, "from", where)
+    ignored.extend(
+        f"message_field:{key}"
+        for key, value in turn.items()
+        if key not in SHAREGPT_MESSAGE_FIELDS and value is not None
+    )
+    value = turn.get("value")
+    if raw_role == "function_call":
+        # The tool-use variant: the value is the call (or a list of calls) as JSON: {"name", "arguments"}.
+        try:
+            calls = json.loads(value) if isinstance(value, str) else value
+            if isinstance(calls, dict):
+                calls = [calls]
+            if not isinstance(calls, list) or not calls:
+                raise _Malformed("is not a call or a list of calls")
+            tool_calls = []
+            for call in calls:
+                if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                    raise _Malformed("holds a call without a 'name'")
+                arguments = call.get("arguments", call.get("parameters", {}))
+                if not isinstance(arguments, (dict, str)):
+                    raise _Malformed("holds arguments that are neither an object nor a string")
+                tool_calls.append({"type": "function", "function": {"name": call["name"], "arguments": arguments}})
+        except (json.JSONDecodeError, RecursionError, _Malformed) as exc:
+            detail = exc if isinstance(exc, _Malformed) else "is not JSON"
+            raise _Rejected(RejectReason.MALFORMED_MESSAGE, f"{where}.value of a function_call {detail}") from None
+        return Message("assistant", "", tool_calls=tuple(tool_calls), null_content=True)
+    text, parts = _text_content(value)
+    if text is None:
+        raise _Rejected(RejectReason.NON_TEXT_CONTENT, f"{where}.value is a {type(value).__name__}, not text")
+    return Message(role, text, parts=parts)
+
+
+def _openai_message(turn: Any, where: str, ignored: list[str]) -> Message:
+    role, _ = _role(turn, "role", where)
+    ignored.extend(
+        f"message_field:{key}" for key, value in turn.items() if key not in OPENAI_MESSAGE_FIELDS and value is not None
+    )
+    content = turn.get("content")
+    null_content = content is None and role == "assistant"  # a turn that only calls tools (or only reasons)
+    text, parts = ("", None) if null_content else _text_content(content)
+    if text is None:
+        raise _Rejected(RejectReason.NON_TEXT_CONTENT, f"{where}.content is a {type(content).__name__}, not text")
+
+    def optional_text(key: str) -> str | None:
+        value = turn.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _Rejected(RejectReason.MALFORMED_MESSAGE, f"{where}.{key} is a {type(value).__name__}, not text")
+        return value
+
+    reasoning = optional_text("reasoning_content")
+    alternative = optional_text("reasoning")
+    if reasoning is None:
+        reasoning = alternative
+    elif alternative is not None and alternative != reasoning:
+        ignored.append("message_field:reasoning")  # both given and different: reasoning_content is rendered
+    tool_calls = turn.get("tool_calls")
+    if tool_calls is not None:
+        if role != "assistant":
+            raise _Rejected(RejectReason.MALFORMED_MESSAGE, f"{where} is a {role} message with tool_calls")
+        try:
+            tool_calls = _tool_calls(tool_calls)
+        except _Malformed as exc:
+            raise _Rejected(RejectReason.MALFORMED_MESSAGE, f"{where}.tool_calls {exc}") from None
+    return Message(
+        role,
+        text,
+        reasoning_content=reasoning,
+        tool_calls=tool_calls,
+        tool_call_id=optional_text("tool_call_id"),
+        name=optional_text("name"),
+        null_content=null_content,
+        parts=parts,
+    )
+
+
+def _tool_calls(value: Any) -> tuple[dict[str, Any], ...]:
+    """OpenAI tool calls, as given: ``{"type": "function", "function": {"name", "arguments"}}`` (or the
+    flat ``{"name", "arguments"}``); arguments an object or a JSON string, never re-encoded."""
+    if not isinstance(value, list):
+        raise _Malformed(f"is a {type(value).__name__}, not a list")
+    for index, call in enumerate(value):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _Malformed(f"[{index}] has no function name")
+        if not isinstance(function.get("arguments", {}), (dict, str)):
+            raise _Malformed(f"[{index}] has arguments that are neither an object nor a JSON string")
+    return tuple(value)
+
+
+def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
+    """The record's tool schemas: a list of objects, or a JSON string of one (ShareGPT variants)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            raise _Malformed("is a string that is not JSON") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise _Malformed(f"is a {type(value).__name__}, not a list of tool schemas")
+    return tuple(value)
+
+
+def _text_content(content: Any) -> tuple[str | None, tuple[str, ...] | None]:
+    """A message's text and, for an OpenAI list of text parts, the parts; (None, None) if not text."""
     if isinstance(content, str):
-        return content
+        return content, None
     if isinstance(content, list) and content:
         parts = []
         for part in content:
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
-                return None
-        return "".join(parts)
-    return None
+                return None, None
+        return "".join(parts), tuple(parts)
+    return None, None
 
 
 def _open_binary(path: Path) -> IO[bytes]:

@@ -12,18 +12,26 @@ file and keeps only (sample_id, num_tokens) per sample; shards are then balanced
 second pass copies rows into their shard's file. The new directory replaces the old one by rename,
 so a crash never leaves a half-written tokenized dataset in place; a folder that is not a tokenized
 dataset is never replaced.
+
+Rendering and tokenising run in worker processes (``TokenizeOptions.workers``, setting
+``dataset.tokenize_workers``; None = every core, 1 = in this process). The main process reads and
+parses the inputs, hands the conversations over in chunks, and takes the results back in input order,
+so duplicates, rejects, sample order and the Parquet bytes are the same whatever the worker count.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +43,7 @@ from hsx_dagster.core.inputs.chat_template import (
     SampleRejected,
     TemplateError,
     TemplateMarkers,
+    TokenizedConversation,
     render,
     sample_id_of,
     template_fingerprint,
@@ -54,7 +63,18 @@ from hsx_dagster.core.storage.format import (
 )
 
 BATCH_CONVERSATIONS = 512
+WORKER_CHUNK = 64  # conversations per task handed to a worker process
+WORKER_AHEAD = 3  # batches in flight per worker: the workers never wait for the reader
 WRITE_ROWS = 4096
+# Files of a Hugging Face tokenizer that decide how text becomes ids (hashed into the provenance).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 HISTOGRAM_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 _STAGING_SCHEMA = pa.schema([f for f in SAMPLE_SCHEMA if f.name != "shard"])
@@ -72,6 +92,17 @@ class TokenizeOptions:
     thinking: str = "keep"
     shards: int = 1
     trust_remote_code: bool = False
+    workers: int | None = None  # processes that render and tokenise; None: every core; 1: in this process
+
+
+def resolve_workers(workers: int | None) -> int:
+    """The worker count to use: ``workers``, or every core this process may run on."""
+    if workers is not None:
+        return max(1, int(workers))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -92,6 +123,9 @@ class TokenizedSummary:
     conversations_per_s: float
     bytes_written: int
     created_at: float = field(default_factory=time.time)
+    # Fields of the inputs the pipeline does not understand (not rendered): conversations per reason.
+    ignored_fields: dict[str, int] = field(default_factory=dict)
+    workers: int = 1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -125,6 +159,26 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool = False):
     return tokenizer
 
 
+def tokenizer_provenance(tokenizer, model_path: Path) -> dict:
+    """What decides the ids besides the inputs: the tokenizer's files, the class transformers loaded
+    them as (it picks the class from ``model_type``, and two classes may tokenise the same files
+    differently) and the library versions."""
+    import tokenizers
+    import transformers
+
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        file = Path(model_path) / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
+    return {
+        "class": type(tokenizer).__name__,
+        "transformers_version": transformers.__version__,
+        "tokenizers_version": tokenizers.__version__,
+        "files_sha256": digest.hexdigest(),
+    }
+
+
 def tokenize_dataset(
     paths: Sequence[Path],
     model_path: Path,
@@ -139,6 +193,14 @@ def tokenize_dataset(
     _check_replaceable(Path(out_dir))
     tokenizer = load_tokenizer(model_path, options.trust_remote_code)
     markers = TemplateMarkers.probe(tokenizer, name=f"tokenizer at {model_path}")
+    provenance = tokenizer_provenance(tokenizer, model_path)
+    previous = _previous_tokenizer(Path(out_dir))
+    changed = _tokenizer_change(previous, provenance)
+    if changed:
+        report(
+            f"the tokenizer differs from the one the earlier tokenized dataset in {out_dir} was made with "
+            f"({changed}); it is replaced, and hidden-state shards made from it are refused where their ids change"
+        )
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +217,7 @@ def tokenize_dataset(
             options,
             report,
             started,
+            model_path,
         )
         keys = shard_keys(options.shards)
         assignment = assign_shards(first_pass.num_tokens, first_pass.sample_ids, options.shards)
@@ -181,11 +244,17 @@ def tokenize_dataset(
                 "chat_template_sha256_16": template_fingerprint(tokenizer),
                 "assistant_header": markers.assistant_header,
                 "end_of_turn": markers.end_of_turn,
+                "control_strings": list(markers.control_strings),
+                "renders_content_parts": markers.content_parts,
+                **provenance,
+                **({"previous": previous, "changed": changed} if changed else {}),
             },
             options=asdict(options),
             elapsed_s=round(elapsed, 3),
             conversations_per_s=round(first_pass.records / elapsed, 1) if elapsed > 0 else 0.0,
             bytes_written=_tree_bytes(staging_dir),
+            ignored_fields=dict(sorted(first_pass.ignored.items())),
+            workers=first_pass.workers,
         )
         (staging_dir / TOKENIZED_SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
         _replace_dir(staging_dir, out_dir)
@@ -194,9 +263,34 @@ def tokenize_dataset(
         raise
     report(
         f"tokenized {summary.samples} samples ({summary.tokens} tokens) into {options.shards} shards, "
-        f"{summary.rejected} rejected, imbalance {summary.imbalance:.4f}, {summary.elapsed_s:.1f} s"
+        f"{summary.rejected} rejected, imbalance {summary.imbalance:.4f}, {summary.elapsed_s:.1f} s "
+        f"({summary.conversations_per_s:.0f} conversations/s, {summary.workers} workers)"
     )
+    if summary.ignored_fields:
+        report(
+            "input fields not understood (not rendered), conversations per field: "
+            + ", ".join(f"{reason} {count}" for reason, count in summary.ignored_fields.items())
+        )
     return summary
+
+
+def _previous_tokenizer(out_dir: Path) -> dict | None:
+    try:
+        return TokenizedSummary.read(out_dir).tokenizer
+    except (FileNotFoundError, TypeError, ValueError):
+        return None
+
+
+def _tokenizer_change(previous: dict | None, current: dict) -> str:
+    """What changed in the tokenizer since the earlier tokenized dataset ('' when nothing or no record)."""
+    if not previous:
+        return ""
+    changes = [
+        f"{key} {previous.get(key)!r} -> {current[key]!r}"
+        for key in ("class", "files_sha256", "transformers_version", "tokenizers_version")
+        if previous.get(key) != current[key]
+    ]
+    return "; ".join(changes)
 
 
 @dataclass
@@ -208,16 +302,138 @@ class _FirstPass:
     records: int
     rejects: Counter
     per_input: dict[str, dict]
+    ignored: Counter
+    workers: int
 
 
-def _tokenize_into(staging_file, rejects_file, paths, tokenizer, markers, options, report, started) -> _FirstPass:
+# What rendering and tokenising one conversation gives: its sample id, and the tokens or why not.
+Outcome = tuple[int, TokenizedConversation | SampleRejected]
+
+
+def process_conversations(
+    conversations: Sequence[Conversation], tokenizer, markers: TemplateMarkers, thinking: str, max_length: int
+) -> list[Outcome]:
+    """Render and tokenise conversations (the work a worker process does), in order."""
+    outcomes: list[Outcome | None] = [None] * len(conversations)
+    rendered, places = [], []
+    for position, conversation in enumerate(conversations):
+        sample_id = sample_id_of(conversation.messages, conversation.tools)
+        try:
+            rendered.append(render(conversation, tokenizer, markers, thinking))
+            places.append((position, sample_id))
+        except SampleRejected as exc:
+            outcomes[position] = (sample_id, exc)
+    for (position, sample_id), tokens in zip(places, tokenize_rendered(rendered, tokenizer, max_length)):
+        outcomes[position] = (sample_id, tokens)
+    return outcomes  # type: ignore[return-value]  # every position is filled above
+
+
+_WORKER_STATE: dict = {}
+
+
+def _worker_start(model_path: str, trust_remote_code: bool, thinking: str, max_length: int) -> None:
+    # One process per core already: the tokenizer's own thread pool would only oversubscribe the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if "tokenizer" not in _WORKER_STATE:  # forked workers inherit the parent's tokenizer and markers
+        tokenizer = load_tokenizer(Path(model_path), trust_remote_code)
+        _WORKER_STATE.update(tokenizer=tokenizer, markers=TemplateMarkers.probe(tokenizer))
+    _WORKER_STATE.update(thinking=thinking, max_length=max_length)
+
+
+def _worker_run(conversations: list[Conversation]) -> list:
+    state = _WORKER_STATE
+    outcomes = process_conversations(
+        conversations, state["tokenizer"], state["markers"], state["thinking"], state["max_length"]
+    )
+    # Raw bytes travel back faster than pickled arrays and dataclasses.
+    return [
+        (sample_id, outcome)
+        if isinstance(outcome, SampleRejected)
+        else (sample_id, outcome.input_ids.tobytes(), outcome.loss_mask.tobytes(), outcome.truncated)
+        for sample_id, outcome in outcomes
+    ]
+
+
+def _from_worker(result: tuple) -> Outcome:
+    if len(result) == 2:
+        return result
+    sample_id, ids, mask, truncated = result
+    return sample_id, TokenizedConversation(np.frombuffer(ids, np.int32), np.frombuffer(mask, np.uint8), truncated)
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """fork where the platform has it: workers start at once with the tokenizer already loaded, and no
+    script needs a ``__main__`` guard; spawn elsewhere (each worker then loads the tokenizer itself)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+class _Processor:
+    """Renders and tokenises batches, in this process or in a pool of workers, results in input order."""
+
+    def __init__(self, workers: int, tokenizer, markers, options: TokenizeOptions, model_path: Path) -> None:
+        self.workers = workers
+        self.tokenizer, self.markers, self.options = tokenizer, markers, options
+        self.pool: ProcessPoolExecutor | None = None
+        if workers > 1:
+            context = _pool_context()
+            _WORKER_STATE.clear()
+            if context.get_start_method() == "fork":
+                _WORKER_STATE.update(tokenizer=tokenizer, markers=markers)
+            self.pool = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=context,
+                initializer=_worker_start,
+                initargs=(str(model_path), options.trust_remote_code, options.thinking, options.max_length),
+            )
+
+    def run(self, batches: Iterator[list]) -> Iterator[tuple[list, list[Outcome]]]:
+        """(batch, outcomes of its conversations in order) for every batch, in order."""
+        if self.pool is None:
+            for batch in batches:
+                conversations = [item for item in batch if isinstance(item, Conversation)]
+                options = self.options
+                yield (
+                    batch,
+                    process_conversations(
+                        conversations, self.tokenizer, self.markers, options.thinking, options.max_length
+                    ),
+                )
+            return
+        pending: deque[tuple[list, list[Future]]] = deque()
+        for batch in batches:
+            conversations = [item for item in batch if isinstance(item, Conversation)]
+            chunks = [conversations[at : at + WORKER_CHUNK] for at in range(0, len(conversations), WORKER_CHUNK)]
+            pending.append((batch, [self.pool.submit(_worker_run, chunk) for chunk in chunks]))
+            while len(pending) > WORKER_AHEAD * self.workers:
+                yield self._collect(pending.popleft())
+        while pending:
+            yield self._collect(pending.popleft())
+
+    @staticmethod
+    def _collect(entry: tuple[list, list[Future]]) -> tuple[list, list[Outcome]]:
+        batch, futures = entry
+        return batch, [_from_worker(result) for future in futures for result in future.result()]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            _WORKER_STATE.clear()
+
+
+def _tokenize_into(
+    staging_file, rejects_file, paths, tokenizer, markers, options, report, started, model_path
+) -> _FirstPass:
     sample_ids: list[int] = []
     num_tokens: list[int] = []
     seen: dict[int, str] = {}
     rejects: Counter = Counter()
+    ignored: Counter = Counter()
     per_input = {str(p): {"records": 0, "samples": 0, "rejects": 0, "bytes": Path(p).stat().st_size} for p in paths}
     loss_tokens = truncated = records = 0
     last_report = time.perf_counter()
+    workers = resolve_workers(options.workers)
+    processor = _Processor(workers, tokenizer, markers, options, Path(model_path))
 
     with (
         pq.ParquetWriter(staging_file, _STAGING_SCHEMA) as samples_out,
@@ -230,60 +446,59 @@ def _tokenize_into(staging_file, rejects_file, paths, tokenizer, markers, option
             per_input[item.source]["rejects"] += 1
             reject_rows.append(item)
 
-        for batch in _batched(_all_records(paths), BATCH_CONVERSATIONS):
-            accepted: list[tuple[Conversation, int]] = []
-            rendered = []
-            for item in batch:
-                records += 1
-                per_input[item.source]["records"] += 1
-                if isinstance(item, Reject):
-                    record_reject(item)
-                    continue
-                sample_id = sample_id_of(item.messages)
-                if sample_id in seen:
-                    record_reject(_reject(item, RejectReason.DUPLICATE, f"same conversation as {seen[sample_id]}"))
-                    continue
-                try:
-                    rendered.append(render(item, tokenizer, markers, options.thinking))
-                except SampleRejected as exc:
-                    record_reject(_reject(item, exc.reason, exc.detail))
-                    continue
-                seen[sample_id] = f"{item.source} {item.location}"
-                accepted.append((item, sample_id))
-
-            rows: list[tuple[Conversation, int, np.ndarray, np.ndarray]] = []
-            for (item, sample_id), tokens in zip(accepted, tokenize_rendered(rendered, tokenizer, options.max_length)):
-                supervised = int(tokens.loss_mask.sum())
-                if supervised < options.min_loss_tokens:
-                    cut = " after truncation to max_length" if tokens.truncated else ""
-                    record_reject(
-                        _reject(
-                            item,
-                            RejectReason.TOO_FEW_LOSS_TOKENS,
-                            f"{supervised} supervised tokens{cut}, fewer than "
-                            f"min_loss_tokens={options.min_loss_tokens}",
+        try:
+            for batch, outcomes in processor.run(_batched(_all_records(paths), BATCH_CONVERSATIONS)):
+                rows: list[tuple[Conversation, int, np.ndarray, np.ndarray]] = []
+                results = iter(outcomes)
+                for item in batch:
+                    records += 1
+                    per_input[item.source]["records"] += 1
+                    if isinstance(item, Reject):
+                        record_reject(item)
+                        continue
+                    sample_id, outcome = next(results)
+                    if sample_id in seen:
+                        record_reject(_reject(item, RejectReason.DUPLICATE, f"same conversation as {seen[sample_id]}"))
+                        continue
+                    if isinstance(outcome, SampleRejected):
+                        record_reject(_reject(item, outcome.reason, outcome.detail))
+                        continue
+                    seen[sample_id] = f"{item.source} {item.location}"
+                    ignored.update(set(item.ignored))
+                    supervised = int(outcome.loss_mask.sum())
+                    if supervised < options.min_loss_tokens:
+                        cut = " after truncation to max_length" if outcome.truncated else ""
+                        record_reject(
+                            _reject(
+                                item,
+                                RejectReason.TOO_FEW_LOSS_TOKENS,
+                                f"{supervised} supervised tokens{cut}, fewer than "
+                                f"min_loss_tokens={options.min_loss_tokens}",
+                            )
                         )
-                    )
-                    continue
-                truncated += tokens.truncated
-                loss_tokens += supervised
-                rows.append((item, sample_id, tokens.input_ids, tokens.loss_mask))
-                per_input[item.source]["samples"] += 1
-                sample_ids.append(sample_id)
-                num_tokens.append(len(tokens.input_ids))
-            if rows:
-                samples_out.write_table(_sample_table(rows))
-            if reject_rows:
-                rejects_out.write_table(_reject_table(reject_rows))
-                reject_rows.clear()
+                        continue
+                    truncated += outcome.truncated
+                    loss_tokens += supervised
+                    rows.append((item, sample_id, outcome.input_ids, outcome.loss_mask))
+                    per_input[item.source]["samples"] += 1
+                    sample_ids.append(sample_id)
+                    num_tokens.append(len(outcome.input_ids))
+                if rows:
+                    samples_out.write_table(_sample_table(rows))
+                if reject_rows:
+                    rejects_out.write_table(_reject_table(reject_rows))
+                    reject_rows.clear()
 
-            now = time.perf_counter()
-            if now - last_report > 5:
-                last_report = now
-                rate = records / (now - started)
-                report(
-                    f"tokenizing: {records} conversations read, {len(sample_ids)} samples, {rate:.0f} conversations/s"
-                )
+                now = time.perf_counter()
+                if now - last_report > 5:
+                    last_report = now
+                    rate = records / (now - started)
+                    report(
+                        f"tokenizing: {records} conversations read, {len(sample_ids)} samples, "
+                        f"{rate:.0f} conversations/s ({workers} workers)"
+                    )
+        finally:
+            processor.close()
 
     return _FirstPass(
         np.asarray(sample_ids, dtype=np.int64),
@@ -293,6 +508,8 @@ def _tokenize_into(staging_file, rejects_file, paths, tokenizer, markers, option
         records,
         rejects,
         per_input,
+        ignored,
+        workers,
     )
 
 

@@ -35,6 +35,10 @@ from hsx_dagster.core.storage.format import (
 )
 
 ON_MISMATCH = ("refuse", "start_over")
+# Provenance keys that describe the shard without defining its content (the model's description is derived
+# from its config, whose hash is compared; a preset resolves to the layer ids, which are compared): a change
+# is recorded in shard.json, never refused.
+DESCRIPTIVE_PROVENANCE_KEYS = frozenset({"layer_preset", "model"})
 # What a changed provenance key means, for the message that refuses to mix.
 _PROVENANCE_MEANING = {
     "tokenized_sha256": "the shard's tokenized samples changed: re-tokenized with other inputs, dataset settings "
@@ -102,8 +106,12 @@ class ShardStore:
         path = self.directory / SHARD_FILE
         if path.is_file():
             existing = json.loads(path.read_text(encoding="utf-8"))
-            changed = sorted(key for key in set(existing) | set(provenance) if existing.get(key) != provenance.get(key))
-            if not changed:
+            differing = {key for key in set(existing) | set(provenance) if existing.get(key) != provenance.get(key)}
+            changed = sorted(differing - DESCRIPTIVE_PROVENANCE_KEYS)
+            if not differing:
+                return
+            if not changed:  # only the description changed (an older shard, a preset named as its ids): record it
+                write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
                 return
             details = "; ".join(
                 f"{k}: {_shown(existing.get(k))} -> {_shown(provenance.get(k))}"

@@ -1,0 +1,94 @@
+"""The pipeline's inputs as observable source assets: `conversations` (the files of `dataset.paths`)
+and `target_model` (the directory of `model.path`).
+
+Each observation records a data version made from the inputs' content (files: a streaming sha256,
+re-read only when a file's size or modification time changed; model: its config and weight
+index). Dagster compares it with the version each downstream materialization was made from, so
+an edited conversation file or a replaced model marks `tokenized_dataset` and everything after it
+stale in the UI. Observed when `make demo` starts, every few minutes by the automation sensor
+while the daemon runs (`make ui`), and on demand with "Observe sources" in the UI.
+"""
+
+import datetime
+
+from dagster import (
+    AssetExecutionContext,
+    AutomationCondition,
+    DataVersion,
+    MetadataValue,
+    ObserveResult,
+    observable_source_asset,
+)
+
+from hsx_dagster.checks import sized, table_value
+from hsx_dagster.core.extraction.size_estimate import format_bytes
+from hsx_dagster.core.fingerprints import CACHE_FILE, files_version, fingerprint_files, model_version
+from hsx_dagster.core.model_info import ModelInfo, weight_files
+
+OBSERVE_CRON = "*/5 * * * *"
+
+
+def build_input_assets() -> list:
+    """`conversations` and `target_model` (built when the definitions load; the decorator is marked beta)."""
+
+    @observable_source_asset(
+        group_name="hsx",
+        required_resource_keys={"settings"},
+        automation_condition=AutomationCondition.cron_tick_passed(OBSERVE_CRON),
+        description="The conversation files of `dataset.paths` (JSONL, JSON array or Parquet), observed by content: "
+        "size, modification time and sha256 of each file.",
+        tags={"dagster/kind/json": "", "dagster/kind/parquet": ""},
+    )
+    def conversations(context: AssetExecutionContext) -> ObserveResult:
+        settings = context.resources.settings.load()
+        prints = fingerprint_files(settings.dataset.paths, cache_file=settings.output_dir / CACHE_FILE)
+        rows = [
+            {
+                "file": p.path,
+                "bytes": p.bytes,
+                "size": format_bytes(p.bytes),
+                "modified": datetime.datetime.fromtimestamp(p.mtime_ns / 1e9, tz=datetime.timezone.utc).isoformat(
+                    timespec="seconds"
+                ),
+                "sha256": p.sha256[:16],
+            }
+            for p in prints
+        ]
+        version = files_version(prints)
+        context.log.info(f"{len(prints)} conversation files, version {version}")
+        return ObserveResult(
+            data_version=DataVersion(version),
+            metadata={
+                "files": table_value(rows),
+                "file_count": len(prints),
+                **sized("bytes", sum(p.bytes for p in prints)),
+            },
+        )
+
+    @observable_source_asset(
+        group_name="hsx",
+        required_resource_keys={"settings"},
+        automation_condition=AutomationCondition.cron_tick_passed(OBSERVE_CRON),
+        description="The target model directory of `model.path` (config, tokenizer, weights), observed by its "
+        "config.json and weight index.",
+        tags={"dagster/kind/huggingface": "", "dagster/kind/safetensors": ""},
+    )
+    def target_model(context: AssetExecutionContext) -> ObserveResult:
+        settings = context.resources.settings.load()
+        path = settings.model.path
+        version, prints = model_version(path)
+        info = ModelInfo.read(path)
+        weights = weight_files(path)
+        return ObserveResult(
+            data_version=DataVersion(version),
+            metadata={
+                "path": MetadataValue.path(str(path)),
+                **info.describe(),
+                "architectures": MetadataValue.json(list(info.architectures)),
+                "weight_files": len(weights),
+                **sized("weight_bytes", sum(p.stat().st_size for p in weights)),
+                **prints,
+            },
+        )
+
+    return [conversations, target_model]

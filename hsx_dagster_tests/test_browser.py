@@ -1,0 +1,242 @@
+"""The UI as a person sees it: Chromium (driven by Playwright) against `dagster dev` on 127.0.0.1
+over a demo instance made by the commands `make demo` runs.
+
+Asserts the lineage page shows the assets, the partitions page shows every shard materialized, the
+checks tab of `hidden_states` lists its blocking checks as passed, the shard runs are listed under
+the job `hidden_states_shard`, and the `gpu` pool carries no "no slots configured" warning.
+
+Needs Chromium from the system (Debian: `apt-get install chromium`; .ci/run installs it) and the
+`playwright` package (the `test` extra); no browser is downloaded. Without Chromium the test is
+skipped, unless HSX_BROWSER_TEST=required (as in CI), where it fails.
+`HSX_SAVE_SCREENSHOTS=1` also writes the lineage screenshot to docs/lineage.png (shown in the README).
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # servers, subprocesses and a browser: left out of the quick loop
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
+SHARDS = ("shard-00", "shard-01")
+LOCATION = "hsx_dagster.definitions"
+
+
+def chromium_executable() -> str | None:
+    explicit = os.environ.get("HSX_CHROMIUM")
+    if explicit:
+        return explicit
+    return next((path for name in CHROMIUM_CANDIDATES if (path := shutil.which(name))), None)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def browser_executable() -> str:
+    executable = chromium_executable()
+    required = os.environ.get("HSX_BROWSER_TEST") == "required"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        if required:
+            pytest.fail("playwright is not installed: pip install -e '.[test]'")
+        pytest.skip("playwright is not installed (the `test` extra)")
+    if executable is None:
+        if required:
+            pytest.fail("no Chromium found: apt-get install chromium (or set HSX_CHROMIUM)")
+        pytest.skip("no Chromium found: apt-get install chromium (or set HSX_CHROMIUM)")
+    return executable
+
+
+@pytest.fixture(scope="module")
+def demo_instance(tmp_path_factory, small_inputs, demo_model_dir, browser_executable):
+    """A project-local instance as `make demo` leaves it: observe, tokenize, one hidden_states_shard run per
+    shard, assemble; the same commands, on a small input so it takes minutes on a CPU."""
+    root = tmp_path_factory.mktemp("browser-demo")
+    settings = root / "hsx.yaml"
+    settings.write_text(
+        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n"
+        f"  layers: [1, 4]\nshards: {len(SHARDS)}\noutput_dir: out\nextraction:\n  devices: [cpu]\n"
+        f"  batch_size: 8\ndrafter:\n  parity_samples: 2\n"
+    )
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "local" / "dagster.yaml", home / "dagster.yaml")  # what `make instance` writes
+    env = {**os.environ, "HSX_CONFIG": str(settings), "DAGSTER_HOME": str(home)}
+    dagster = str(BIN / "dagster")
+    steps = [
+        [dagster, "job", "execute", "-m", LOCATION, "-j", "observe_inputs"],
+        [dagster, "asset", "materialize", "-m", LOCATION, "--select", "tokenized_dataset"],
+        [sys.executable, "-m", "hsx_dagster.launch", *SHARDS],
+        [dagster, "asset", "materialize", "-m", LOCATION, "--select", "drafter_dataset"],
+    ]
+    for step in steps:
+        done = subprocess.run(step, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{' '.join(step[1:])}:\n{done.stderr[-3000:]}"
+    return env
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(demo_instance):
+    """`dagster dev` (webserver, daemon, code server) on 127.0.0.1; stopped, with its children, afterwards."""
+    port = free_port()
+    log = open(Path(demo_instance["DAGSTER_HOME"]) / "dagster-dev.log", "w")  # noqa: SIM115 (closed below)
+    process = subprocess.Popen(
+        [str(BIN / "dagster"), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO,
+        env=demo_instance,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the webserver, daemon and code server stop with it
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None, Path(log.name).read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{base}/server_info", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "dagster dev did not answer within 180 s"
+                time.sleep(1)
+        yield base
+    finally:
+        os.killpg(process.pid, signal.SIGINT)  # dagster dev shuts its children down on an interrupt (Ctrl-C)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # whatever of its group is still there
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(dagster_dev, browser_executable):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=browser_executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 860})
+            page.set_default_timeout(60_000)
+            yield Page(page, dagster_dev)
+        finally:
+            browser.close()
+
+
+class Page:
+    def __init__(self, page, base: str) -> None:
+        self.page, self.base = page, base
+
+    def open(self, path: str):
+        self.page.goto(self.base + path)
+        self.page.wait_for_load_state("networkidle")
+        skip = self.page.get_by_role("button", name="Skip")  # the one-time "join the community" dialog
+        if skip.count():
+            skip.click()
+        return self.page
+
+
+def test_lineage_shows_the_assets_and_their_inputs(page, tmp_path):
+    lineage = page.open("/asset-groups")
+    for name in ("conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset"):
+        node = lineage.locator("svg").get_by_text(name, exact=True)
+        node.first.wait_for(state="visible")
+    shot = tmp_path / "lineage.png"
+    lineage.screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("HSX_SAVE_SCREENSHOTS") == "1":
+        shutil.copy(shot, REPO / "docs" / "lineage.png")
+
+
+def test_partitions_page_shows_every_shard_materialized(page):
+    partitions = page.open("/assets/hidden_states?view=partitions")
+    partitions.get_by_text(f"Materialized ({len(SHARDS)})").wait_for()
+    for label in ("Failed (0)", "Missing (0)", "Materializing (0)"):
+        assert partitions.get_by_text(label).count() == 1, label
+    for shard in SHARDS:
+        partitions.get_by_text(shard, exact=True).first.wait_for()
+        shard_page = page.open(f"/assets/hidden_states?view=partitions&partition={shard}")
+        shard_page.get_by_text("hidden_states_shard", exact=False).first.wait_for()  # Job: hidden_states_shard
+
+
+def test_checks_tab_lists_the_shard_checks_as_passed(page):
+    checks = page.open("/assets/hidden_states?view=checks")
+    checks.get_by_text("Checks (3)").wait_for()
+    for name in ("shard_coverage", "shard_integrity", "shard_numerics"):
+        row = checks.locator(f'div:has(> span [title="{name}"])').first  # icon, name and status of one check
+        row.wait_for()
+        assert "Succeeded" in row.inner_text(), row.inner_text()
+        assert row.locator('[aria-label="check_circle"]').count() == 1
+        row.click()
+        checks.get_by_text("This is a blocking asset check").wait_for()
+        checks.get_by_text("Passed", exact=True).first.wait_for()
+
+
+def test_shard_runs_are_listed_under_the_job_and_the_pool_has_slots(page):
+    runs = page.open(f"/locations/{LOCATION}/jobs/hidden_states_shard/runs")
+    for shard in SHARDS:
+        runs.get_by_text(f"partition: {shard}").first.wait_for()
+    assert runs.get_by_text("No runs found").count() == 0
+    asset = page.open("/assets/hidden_states")
+    asset.get_by_text("Compute details").first.click()
+    html = asset.content()
+    assert "dynamic_feed" in html  # the pool tag of the extraction step is shown
+    assert "warning_outline" not in html  # ... without "This pool currently does not have any slots configured"
+    query = '{ instance { concurrencyLimit(concurrencyKey: "gpu") { limit } } }'
+    request = urllib.request.Request(
+        f"{page.base}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert json.loads(response.read())["data"]["instance"]["concurrencyLimit"]["limit"] == 1
+
+
+def test_drafter_follows_by_itself_under_the_daemon_once_every_shard_is_re_materialized(demo_instance, dagster_dev):
+    """The daemon `dagster dev` runs evaluates the sensor hsx_automation: after every shard is materialized
+    again (unchanged shards: no-op runs), drafter_dataset is rebuilt without anyone launching it."""
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+
+    env = demo_instance
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        before = instance.get_latest_materialization_event(AssetKey("drafter_dataset"))
+        assert before is not None
+        done = subprocess.run(
+            [sys.executable, "-m", "hsx_dagster.launch", *SHARDS],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        deadline = time.monotonic() + 600
+        while True:
+            latest = instance.get_latest_materialization_event(AssetKey("drafter_dataset"))
+            if latest is not None and latest.run_id != before.run_id:
+                break
+            assert time.monotonic() < deadline, "drafter_dataset was not rebuilt by the daemon within 10 minutes"
+            time.sleep(3)
+        while (run := instance.get_run_by_id(latest.run_id)) is not None and not run.is_finished:
+            assert time.monotonic() < deadline, "the automation's drafter_dataset run did not finish in time"
+            time.sleep(3)
+        assert run is not None and run.tags.get("dagster/sensor_name") == "hsx_automation"
+        assert run.status == DagsterRunStatus.SUCCESS  # its blocking checks passed too
+        automation_runs = instance.get_runs(RunsFilter(tags={"dagster/sensor_name": "hsx_automation"}))
+        assert sum(AssetKey("drafter_dataset") in (r.asset_selection or ()) for r in automation_runs) == 1

@@ -1,0 +1,225 @@
+"""Shard-level checks: the core functions on good and damaged shard folders, and the blocking checks
+on each `hidden_states` partition through the `hidden_states_shard` job on a real instance, with the
+retry schedule treating a shard that fails its check as failed."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from dagster import DagsterInstance, build_schedule_context, instance_for_test, materialize
+from safetensors import safe_open
+from safetensors.torch import save
+
+from hsx_dagster.assets.shard_checks import SHARD_CHECKS
+from hsx_dagster.assets.tokenized import tokenized_dataset
+from hsx_dagster.core.settings import load_settings
+from hsx_dagster.core.storage.shard_checks import (
+    check_shard_coverage,
+    check_shard_integrity,
+    check_shard_numerics,
+)
+from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.definitions import build_definitions
+from hsx_dagster.resources import HsxSettings
+from hsx_dagster.schedules import failed_shard_checks
+
+
+@pytest.fixture(scope="module")
+def settings_file(tmp_path_factory, small_inputs, demo_model_dir) -> Path:
+    """28 conversations, two shards, small chunks (several per shard), fp8 storage with the final state."""
+    path = tmp_path_factory.mktemp("shard-checks") / "hsx.yaml"
+    path.write_text(
+        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
+        f"  layers: [1, 4]\n  include_final: true\nshards: 2\noutput_dir: out\n"
+        f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.1\n"
+        f"  storage_dtype: float8_e4m3\noperations:\n  max_retries: 2\n"
+    )
+    return path
+
+
+@dataclass
+class Extracted:
+    settings_file: Path
+    instance: DagsterInstance
+    defs: object
+    out: Path
+
+    def run_shard(self, shard: str, **tags):
+        job = self.defs.resolve_job_def("hidden_states_shard")
+        return job.execute_in_process(partition_key=shard, instance=self.instance, tags=tags, raise_on_error=False)
+
+    def evaluations(self, result) -> dict:
+        return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+@pytest.fixture(scope="module")
+def extracted(settings_file):
+    """Both shards extracted once through the shard job; each test copies what it damages."""
+    defs = build_definitions(load_settings(settings_file))
+    with instance_for_test() as instance:
+        resources = {"settings": HsxSettings(path=str(settings_file))}
+        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        pipeline = Extracted(settings_file, instance, defs, settings_file.parent / "out")
+        for shard in ("shard-00", "shard-01"):
+            result = pipeline.run_shard(shard)
+            assert result.success
+            evaluations = pipeline.evaluations(result)
+            assert set(evaluations) == set(SHARD_CHECKS)
+            assert all(e.passed for e in evaluations.values()), {k: e.description for k, e in evaluations.items()}
+            assert {e.partition for e in evaluations.values()} == {shard}  # evaluated for the run's partition
+        yield pipeline
+
+
+@pytest.fixture
+def shard_copy(extracted, tmp_path) -> Path:
+    folder = tmp_path / "shard-00"
+    shutil.copytree(extracted.out / "hidden_states" / "shard-00", folder)
+    return folder
+
+
+def test_checks_pass_on_good_shards_and_report_per_layer_statistics(extracted):
+    tokenized = extracted.out / "tokenized"
+    for shard in ("shard-00", "shard-01"):
+        folder = extracted.out / "hidden_states" / shard
+        assert len(read_index(folder)) > 1  # several chunks: the checks walk all of them
+        coverage = check_shard_coverage(folder, tokenized, shard)
+        assert coverage.passed, coverage.description
+        assert coverage.metadata["committed"] + coverage.metadata["quarantined"] == 14
+        integrity = check_shard_integrity(folder)
+        assert integrity.passed, integrity.description
+        numerics = check_shard_numerics(folder)
+        assert numerics.passed, numerics.description
+        assert [row["layer"] for row in numerics.metadata["per_layer"]] == ["layer 1", "layer 4", "final"]
+        assert all(row["std"] > 0 for row in numerics.metadata["per_layer"])
+
+
+def test_a_flipped_byte_fails_integrity_naming_the_chunk(shard_copy):
+    record = read_index(shard_copy)[1]
+    path = shard_copy / record.chunk
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    outcome = check_shard_integrity(shard_copy)
+    assert not outcome.passed
+    assert f"{path}: checksum differs" in outcome.description
+    assert outcome.metadata["problems"] == 1
+
+
+def _rewrite(path: Path, change) -> None:
+    """Apply `change` to a chunk's tensors and save it (the index still records the old checksum)."""
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a mapping)
+        metadata = handle.metadata()
+    change(tensors)
+    path.write_bytes(save(tensors, metadata=metadata))
+
+
+def test_a_header_of_another_layout_fails_integrity_even_with_its_checksum_recorded(shard_copy):
+    index = shard_copy / "index.jsonl"
+    first = read_index(shard_copy)[0]
+    path = shard_copy / first.chunk
+    _rewrite(path, lambda t: t.pop("final_hidden_states_scales"))
+    import hashlib
+
+    lines = index.read_text().splitlines()
+    entry = json.loads(lines[0])
+    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    lines[0] = json.dumps(entry)
+    index.write_text("\n".join(lines) + "\n")
+    outcome = check_shard_integrity(shard_copy)
+    assert not outcome.passed
+    assert "final_hidden_states_scales is missing" in outcome.description
+
+
+def test_nan_states_fail_numerics_naming_the_sample(shard_copy):
+    record = read_index(shard_copy)[0]
+
+    def poison(tensors):
+        scales = tensors["hidden_states_scales"].clone()
+        scales[0, 1, 0] = float("nan")  # the first sample's first token, layer 4
+        tensors["hidden_states_scales"] = scales
+
+    _rewrite(shard_copy / record.chunk, poison)
+    outcome = check_shard_numerics(shard_copy)
+    assert not outcome.passed
+    assert f"NaN or Inf in 1 samples: [{record.sample_ids[0]}]" in outcome.description
+
+
+def test_a_sample_lost_or_doubled_fails_coverage(extracted, shard_copy):
+    tokenized = extracted.out / "tokenized"
+    index = shard_copy / "index.jsonl"
+    lines = index.read_text().splitlines()
+    lost = json.loads(lines[-1])["sample_ids"]
+    index.write_text("\n".join(lines[:-1]) + "\n")  # the last chunk's samples are no longer committed
+    outcome = check_shard_coverage(shard_copy, tokenized, "shard-00")
+    assert not outcome.passed
+    assert f"{len(lost)} samples neither committed nor quarantined" in outcome.description
+
+    index.write_text("\n".join(lines) + "\n")
+    first = json.loads(lines[0])["sample_ids"][0]
+    (shard_copy / "quarantine.jsonl").write_text(json.dumps({"sample_id": first, "reason": "x", "detail": ""}) + "\n")
+    outcome = check_shard_coverage(shard_copy, tokenized, "shard-00")
+    assert not outcome.passed
+    assert f"1 samples committed or quarantined more than once (e.g. [{first}])" in outcome.description
+
+
+def test_stored_ids_that_differ_from_the_tokenized_ones_fail_coverage(extracted, shard_copy):
+    record = read_index(shard_copy)[0]
+
+    def shift(tensors):
+        tensors["input_ids"] = tensors["input_ids"] + torch.ones_like(tensors["input_ids"])
+
+    _rewrite(shard_copy / record.chunk, shift)
+    outcome = check_shard_coverage(shard_copy, extracted.out / "tokenized", "shard-00")
+    assert not outcome.passed
+    assert f"{record.samples} samples' stored ids or loss mask differ" in outcome.description
+
+
+def test_a_damaged_shard_fails_its_own_check_and_the_schedule_retries_it(extracted):
+    """Done-when of the issue: a flipped byte in one chunk fails the shard's blocking check on its own
+    partition, the retry schedule then requests that shard, and only that one."""
+    defs, instance = extracted.defs, extracted.instance
+    schedule = defs.resolve_schedule_def("retry_failed_shards")
+
+    def tick():
+        return schedule.evaluate_tick(
+            build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
+        )
+
+    assert tick().skip_message == "no failed hidden_states shard"
+    folder = extracted.out / "hidden_states" / "shard-01"
+    record = read_index(folder)[-1]
+    path = folder / record.chunk
+    original = path.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0x10
+    path.write_bytes(bytes(damaged))
+    try:
+        result = extracted.run_shard("shard-01")  # nothing to extract: the run re-checks the shard
+        evaluations = extracted.evaluations(result)
+        integrity = evaluations["shard_integrity"]
+        assert not integrity.passed and integrity.partition == "shard-01"
+        assert f"{record.chunk}: checksum differs" in integrity.description
+        assert evaluations["shard_coverage"].passed  # the ids are intact; the states are not
+        assert failed_shard_checks(instance, ["shard-00", "shard-01"]) == {"shard-01": ["shard_integrity"]}
+
+        (request,) = tick().run_requests
+        assert request.partition_key == "shard-01" and request.tags["hsx/retry-attempt"] == "1"
+        # the schedule's retries re-check the same damage: the budget runs out, and the schedule says so
+        for attempt in (1, 2):
+            retried = extracted.run_shard(
+                "shard-01", **{"hsx/retry-of-shard": "shard-01", "hsx/retry-attempt": str(attempt)}
+            )
+            assert not extracted.evaluations(retried)["shard_integrity"].passed
+        assert tick().skip_message == "retry budget (2) used up: shard-01"
+    finally:
+        path.write_bytes(original)
+    repaired = extracted.run_shard("shard-01")
+    assert all(e.passed for e in extracted.evaluations(repaired).values())
+    assert failed_shard_checks(instance, ["shard-00", "shard-01"]) == {}
+    assert tick().skip_message == "no failed hidden_states shard"
+    job_graph = defs.resolve_job_def("hidden_states_shard").asset_layer.asset_graph
+    assert {key.name for key in job_graph.asset_check_keys} == set(SHARD_CHECKS)  # every shard run checks its shard
