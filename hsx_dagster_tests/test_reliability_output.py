@@ -137,6 +137,30 @@ def test_a_changed_description_is_recorded_not_refused(few_inputs, demo_model_di
     }
 
 
+def test_masks_changed_under_the_same_ids_are_refused(few_inputs, demo_model_dir, tmp_path):
+    """Chunks store the loss mask beside the states: a re-tokenization that changes only masks (another
+    thinking policy, another template) must not leave old masks passing as current."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hsx_dagster.core.dataset.assembly import shard_status
+    from hsx_dagster.core.storage.format import tokenized_shard_file
+
+    tokenize(tmp_path, few_inputs, demo_model_dir, shards=1)
+    run_shard(job(tmp_path, "shard-00", demo_model_dir))
+    assert shard_status(tmp_path / "hidden_states", ["shard-00"], tmp_path / "tokenized") == {"shard-00": "complete"}
+    file = tokenized_shard_file(tmp_path / "tokenized", "shard-00")
+    table = pq.read_table(file)
+    masks = table.column("loss_mask").to_pylist()
+    masks[0] = [0] * len(masks[0])  # same ids, nothing supervised in the first sample any more
+    position = table.schema.get_field_index("loss_mask")
+    pq.write_table(table.set_column(position, "loss_mask", pa.array(masks, pa.list_(pa.uint8()))), file)
+
+    assert shard_status(tmp_path / "hidden_states", ["shard-00"], tmp_path / "tokenized") == {"shard-00": "stale"}
+    with pytest.raises(StoreError, match=r"tokenized_sha256: .*re-tokenized"):
+        run_shard(job(tmp_path, "shard-00", demo_model_dir))
+
+
 def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, tmp_path):
     root = tmp_path
     tokenize(root, few_inputs, demo_model_dir, shards=2)

@@ -101,11 +101,12 @@ def test_nothing_on_the_data_path_unpickles(few_inputs, demo_model_dir, tmp_path
 
 @pytest.fixture
 def loaded_by_transformers(monkeypatch) -> list[tuple[str, object]]:
-    """Every from_pretrained call of the pipeline, with the trust_remote_code it passed."""
+    """Every from_pretrained call of the pipeline, with the trust_remote_code it passed (models load through
+    their concrete text-decoder class, whose from_pretrained is PreTrainedModel's)."""
     import transformers
 
     calls: list[tuple[str, object]] = []
-    for name in ("AutoTokenizer", "AutoConfig", "AutoModel", "AutoModelForCausalLM"):
+    for name in ("AutoTokenizer", "AutoConfig", "AutoModel", "AutoModelForCausalLM", "PreTrainedModel"):
         cls = getattr(transformers, name)
         original = cls.from_pretrained.__func__
 
@@ -151,7 +152,7 @@ def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
     check_parity(out / "drafter", out / "tokenized", samples=1, trust_remote_code=settings.model.trust_remote_code)
 
     kinds = {name for name, _ in loaded_by_transformers}
-    assert {"AutoTokenizer", "AutoConfig", "AutoModel", "AutoModelForCausalLM"} <= kinds
+    assert {"AutoTokenizer", "AutoConfig", "PreTrainedModel"} <= kinds  # tokenizer, config, extraction and parity
     assert {flag for _, flag in loaded_by_transformers} == {expected}, loaded_by_transformers
 
 

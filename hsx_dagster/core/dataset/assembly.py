@@ -28,7 +28,12 @@ from safetensors import safe_open
 
 from hsx_dagster import __version__
 from hsx_dagster.core.extraction.size_estimate import StoredShape
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary, read_tokenized_shard, tokenized_shard_keys
+from hsx_dagster.core.inputs.tokenization import (
+    TokenizedSummary,
+    read_tokenized_shard,
+    tokenized_digest,
+    tokenized_shard_keys,
+)
 from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.model_info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import write_atomic
@@ -72,8 +77,6 @@ def split_of(sample_id: int, val_fraction: float) -> str:
 
 def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path) -> dict[str, str]:
     """'complete', 'missing', 'incomplete' or 'stale' (made from another tokenized dataset) per shard."""
-    from hsx_dagster.core.extraction.shard_run import tokenized_digest
-
     status = {}
     for shard in shard_keys:
         folder = hidden_states_dir / shard
@@ -83,7 +86,7 @@ def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_d
             status[shard] = "incomplete"
         else:
             provenance = json.loads((folder / SHARD_FILE).read_text(encoding="utf-8"))
-            table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
+            table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
             status[shard] = "complete" if provenance.get("tokenized_sha256") == tokenized_digest(table) else "stale"
     return status
 

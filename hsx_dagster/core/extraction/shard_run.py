@@ -6,7 +6,6 @@ Everything that can be wrong with the inputs is checked before the model loads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR, claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, ExtractOptions, extract_shard
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard, tokenized_digest
 from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.model_info import ModelInfo, check_model_dir, model_fingerprint
 from hsx_dagster.core.settings import ExtractionSettings, Settings
@@ -110,16 +109,6 @@ def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return COMPUTE_DTYPES[name]
-
-
-def tokenized_digest(table: pa.Table) -> str:
-    """A hash of the shard's inputs (ids and tokens): a re-tokenized shard never mixes with old states."""
-    digest = hashlib.sha256()
-    digest.update(table.column("sample_id").to_numpy().tobytes())
-    for chunk in table.column("input_ids").chunks:
-        digest.update(chunk.values.to_numpy(zero_copy_only=False).astype(np.int32).tobytes())
-        digest.update(np.diff(chunk.offsets.to_numpy()).astype(np.int64).tobytes())
-    return digest.hexdigest()
 
 
 def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> ShardResult:

@@ -595,6 +595,18 @@ def read_tokenized_shard(tokenized_dir: Path, shard: str, columns: Sequence[str]
     return pq.read_table(path, columns=list(columns) if columns else None)
 
 
+def tokenized_digest(table: pa.Table) -> str:
+    """A hash of a shard's samples as extraction stores them (ids, tokens and loss masks): hidden states made
+    from other tokenized samples are never mixed with these (shard.json records it; assembly compares it)."""
+    digest = hashlib.sha256()
+    digest.update(table.column("sample_id").to_numpy().tobytes())
+    for column, dtype in (("input_ids", np.int32), ("loss_mask", np.uint8)):
+        for chunk in table.column(column).chunks:
+            digest.update(chunk.values.to_numpy(zero_copy_only=False).astype(dtype).tobytes())
+            digest.update(np.diff(chunk.offsets.to_numpy()).astype(np.int64).tobytes())
+    return digest.hexdigest()
+
+
 def tokenized_shard_keys(tokenized_dir: Path) -> list[str]:
     """The shards the tokenized dataset was made with (from summary.json); [] when there is none."""
     try:
