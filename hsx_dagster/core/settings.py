@@ -35,6 +35,13 @@ class SettingsError(ValueError):
     """A settings problem, worded for the user: file, key, bad value, what is expected."""
 
 
+def list_from_env(value: Any) -> Any:
+    """A list given as one environment string: JSON, or comma-separated (friendlier in a shell)."""
+    if isinstance(value, str):
+        return json.loads(value) if value.startswith("[") else [p.strip() for p in value.split(",") if p.strip()]
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -151,10 +158,7 @@ class ExtractionSettings(_Section):
     @field_validator("devices", mode="before")
     @classmethod
     def _devices_from_env(cls, value: Any) -> Any:
-        # HSX_EXTRACTION__DEVICES=cuda:0,cuda:1 is friendlier than JSON in a shell.
-        if isinstance(value, str):
-            return json.loads(value) if value.startswith("[") else [p.strip() for p in value.split(",") if p.strip()]
-        return value
+        return list_from_env(value)  # HSX_EXTRACTION__DEVICES=cuda:0,cuda:1
 
     @field_validator("devices")
     @classmethod
@@ -234,10 +238,7 @@ class RegenerateSettings(_Section):
     @field_validator("endpoints", mode="before")
     @classmethod
     def _endpoints_from_env(cls, value: Any) -> Any:
-        # HSX_REGENERATE__ENDPOINTS=http://a:8000/v1,http://b:8000/v1
-        if isinstance(value, str):
-            return json.loads(value) if value.startswith("[") else [p.strip() for p in value.split(",") if p.strip()]
-        return value
+        return list_from_env(value)  # HSX_REGENERATE__ENDPOINTS=http://a:8000/v1,http://b:8000/v1
 
     @field_validator("endpoints")
     @classmethod
