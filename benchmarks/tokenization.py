@@ -4,30 +4,37 @@ masks, balance into shards and write Parquet (tokenizer load included).
 `measure_tokenization`: the demo conversations, in-process (one worker), for the CPU benchmark's table.
 
 `measure_workers`: ``dataset.tokenize_workers`` 1 against N (default 2) on a generated corpus of about
-20,000 conversations (chat and agentic, in the demo's forms). The two contestants run interleaved in
+20,000 conversations (chat and agentic, in the demo's forms). The contestants run interleaved in
 rounds, in an order that alternates from round to round; each run records how many cores other
 processes kept busy meanwhile, and the speed-up is the median of the per-round ratios (paired, so a
 busy round slows both sides). Every run's Parquet output must be byte-identical to the first one's.
-Runs on its own:
+``--threaded-baseline`` adds a third contestant, for reference: one worker with the fast tokenizer's
+own thread pool left on, as the in-process pass ran before a worker meant one core (it is not a
+setting: the benchmark turns the pipeline's switch off for that run). Runs on its own:
 
     .venv/bin/python -m benchmarks.tokenization                 # 20,000 conversations, 3 rounds, 1 vs 2
     .venv/bin/python -m benchmarks.tokenization --conversations 4000 --rounds 1 --workers 2
+    .venv/bin/python -m benchmarks.tokenization --threaded-baseline
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from benchmarks.measure import median, timed
 from benchmarks.models import demo_inputs, demo_model
+from hsx_dagster.core.inputs import tokenization
 from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
 
+THREADED = "1, tokenizer threads on"  # the reference contestant's label
 COLUMNS = ["sample_id", "input_ids", "loss_mask", "num_tokens"]
 AGENTIC_SHARE = 0.2  # of the generated corpus
 
@@ -78,51 +85,61 @@ def _children_cpu() -> float:
     return times.children_user + times.children_system
 
 
-def measure_workers(work: Path, conversations: int = 20_000, rounds: int = 3, workers: int = 2) -> dict:
+def measure_workers(
+    work: Path, conversations: int = 20_000, rounds: int = 3, workers: int = 2, threaded_baseline: bool = False
+) -> dict:
     """Workers 1 against ``workers``, interleaved; conversations/s of each, the paired speed-up, the load."""
     corpus = work / "corpus.jsonl"
     records = write_corpus(corpus, conversations)
     model = demo_model()
-    contestants = (1, workers)
-    runs: dict[int, list] = {count: [] for count in contestants}
+    contestants: tuple[str, ...] = ("1", str(workers), *((THREADED,) if threaded_baseline else ()))
+    runs: dict[str, list] = {label: [] for label in contestants}
     digests = set()
     for round_number in range(rounds):
         order = contestants if round_number % 2 == 0 else contestants[::-1]
-        for count in order:
-            out = work / f"out-{count}"
-            print(f"  round {round_number + 1}/{rounds}: {count} worker(s) ...", file=sys.stderr)
+        for label in order:
+            out = work / f"out-{contestants.index(label)}"
+            print(f"  round {round_number + 1}/{rounds}: {label} worker(s) ...", file=sys.stderr)
             children = _children_cpu()
+            count = 1 if label == THREADED else int(label)
+            threads = (
+                mock.patch.object(tokenization, "_tokenizer_threads_off", contextlib.nullcontext)
+                if label == THREADED
+                else contextlib.nullcontext()
+            )
 
             def tokenize(out: Path = out, count: int = count) -> object:
                 return tokenize_dataset([corpus], model, out, TokenizeOptions(workers=count))
 
-            run = timed(tokenize)
+            with threads:
+                run = timed(tokenize)
             # The workers are this run's, not other processes: their CPU (reaped at the pool's shutdown) moves over.
             workers_cpu = _children_cpu() - children
             run.cpu_seconds += workers_cpu
             if run.others_cores is not None:
                 run.others_cores = max(0.0, run.others_cores - workers_cpu / run.seconds)
-            runs[count].append(run)
+            runs[label].append(run)
             digests.add(_output_digest(out))
-    ratios = [one.seconds / many.seconds for one, many in zip(runs[1], runs[workers])]
-    samples = getattr(runs[1][0].result, "samples", 0)
+    many = str(workers)
+    ratios = [one.seconds / other.seconds for one, other in zip(runs["1"], runs[many])]
+    samples = getattr(runs["1"][0].result, "samples", 0)
 
-    def figures(count: int) -> dict:
-        seconds = [run.seconds for run in runs[count]]
+    def figures(label: str) -> dict:
+        seconds = [run.seconds for run in runs[label]]
         return {
             "seconds": [round(s, 2) for s in seconds],
             "conversations_per_s": round(records / median(seconds), 1),
-            "cpu_seconds": [round(r.cpu_seconds, 2) for r in runs[count]],
-            "others_cores": [None if r.others_cores is None else round(r.others_cores, 2) for r in runs[count]],
+            "cpu_seconds": [round(r.cpu_seconds, 2) for r in runs[label]],
+            "others_cores": [None if r.others_cores is None else round(r.others_cores, 2) for r in runs[label]],
         }
 
-    others = [r.others_cores for count in contestants for r in runs[count] if r.others_cores is not None]
-    return {
+    others = [r.others_cores for label in contestants for r in runs[label] if r.others_cores is not None]
+    result = {
         "conversations": records,
         "samples": samples,
         "rounds": rounds,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "workers": {str(count): figures(count) for count in contestants},
+        "workers": {label: figures(label) for label in contestants},
         "speedup": {"median": round(median(ratios), 3), "per_round": [round(r, 3) for r in ratios]},
         "target_speedup": 1.6,
         "identical_output": len(digests) == 1,
@@ -130,6 +147,13 @@ def measure_workers(work: Path, conversations: int = 20_000, rounds: int = 3, wo
         "others_cores_max": round(max(others), 2) if others else None,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+    if threaded_baseline:
+        against = [threaded.seconds / other.seconds for threaded, other in zip(runs[THREADED], runs[many])]
+        result["speedup_over_threaded"] = {
+            "median": round(median(against), 3),
+            "per_round": [round(r, 3) for r in against],
+        }
+    return result
 
 
 def render_workers(result: dict) -> str:
@@ -143,6 +167,16 @@ def render_workers(result: dict) -> str:
             f"| {count} | {f['conversations_per_s']:,} | {f['seconds']} | {f['cpu_seconds']} | {f['others_cores']} |"
         )
     speedup = result["speedup"]
+    threaded = result.get("speedup_over_threaded")
+    reference = (
+        [
+            "",
+            f"For reference, {list(result['workers'])[1]} workers against one worker with the tokenizer's thread pool "
+            f"on: {threaded['median']}x (per round {threaded['per_round']}).",
+        ]
+        if threaded
+        else []
+    )
     return "\n".join(
         [
             f"{result['conversations']:,} generated conversations (chat and agentic; {result['samples']:,} samples), "
@@ -154,6 +188,7 @@ def render_workers(result: dict) -> str:
             f"{result['target_speedup']}x); output byte-identical across runs: {result['identical_output']}. "
             f"Other processes kept a median {result['others_cores_median']} cores busy (max "
             f"{result['others_cores_max']}); load average at the end {result['load_average']}.",
+            *reference,
         ]
     )
 
@@ -163,13 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--threaded-baseline",
+        action="store_true",
+        help="also run one worker with the tokenizer's own thread pool on, for reference",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="hsx-bench-tokenize-") as tmp:
-        result = measure_workers(Path(tmp), args.conversations, args.rounds, args.workers)
+        result = measure_workers(Path(tmp), args.conversations, args.rounds, args.workers, args.threaded_baseline)
     print(render_workers(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -251,6 +251,7 @@ def test_agentic_samples_exact_when_the_tags_are_special_tokens(agentic_paths, s
     assert "<|im_start|>" in summary.tokenizer["control_strings"]
 
 
+@pytest.mark.slow  # the whole demo corpus through several passes
 def test_plain_chat_and_real_sharegpt_still_exact_with_workers(demo_paths, demo_model_dir, demo_tokenizer, tmp_path):
     paths = list(demo_paths)
     if REAL_SHAREGPT.is_file():

@@ -562,6 +562,7 @@ def run_pipeline(settings_file: Path) -> dict:
     return metadata
 
 
+@pytest.mark.slow  # generates with a local model, then runs the whole pipeline
 def test_pipeline_with_regeneration_on_the_local_backend(tmp_path, small_inputs, demo_model_dir):
     metadata = run_pipeline(pipeline_settings(tmp_path, small_inputs, demo_model_dir, "  backend: local\n"))
     assert metadata["regenerated_conversations"]["backend"].value == "local"

@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,8 @@ def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_
     ]
     path = write_jsonl(tmp_path / "in.jsonl", good + bad)
     out = tmp_path / "tokenized"
-    summary = tokenize_dataset([path], demo_model_dir, out, TokenizeOptions(min_loss_tokens=10, shards=2))
+    # Two workers: the lines are parsed in the worker processes, and every reject still comes back.
+    summary = tokenize_dataset([path], demo_model_dir, out, TokenizeOptions(min_loss_tokens=10, shards=2, workers=2))
 
     rejects = read_rejects(out).to_pylist()
     by_reason = {r["reason"]: r for r in rejects}
@@ -76,6 +78,34 @@ def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_
     assert summary.samples + summary.rejected == len(good) + len(bad)
     assert summary.rejects == {reason: 1 for reason in sorted(expected)}
     assert summary.inputs[0]["records"] == len(good) + len(bad)
+    # In one process, the same rejects and samples, byte for byte.
+    in_process = tokenize_dataset(
+        [path], demo_model_dir, tmp_path / "one", TokenizeOptions(min_loss_tokens=10, shards=2, workers=1)
+    )
+    assert in_process.workers == 1 and summary.workers == 2
+    for name in ("rejects.parquet", "samples/shard-00.parquet", "samples/shard-01.parquet"):
+        assert (tmp_path / "one" / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_one_worker_is_one_core_and_the_environment_is_restored(tmp_path, demo_model_dir, monkeypatch):
+    """The fast tokenizer reads TOKENIZERS_PARALLELISM at every batch call: off while the in-process
+    pass tokenises (one worker is one core, as in each worker process), the user's value after it."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    during = []
+    real = tokenization.tokenize_rendered
+
+    def spy(*args, **kwargs):
+        during.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tokenization, "tokenize_rendered", spy)
+    path = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"an answer to question {i}") for i in range(5)])
+    tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions(workers=1))
+    assert during and set(during) == {"false"}
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions(workers=1))
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
 def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir, tmp_path):
@@ -105,6 +135,7 @@ def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir,
     assert summary.rejected >= 5
 
 
+@pytest.mark.slow  # the whole demo corpus through several passes
 def test_sample_ids_are_stable_across_runs_and_file_order(demo_paths, demo_model_dir, tmp_path):
     first = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "a", TokenizeOptions(shards=2))
     second = tokenize_dataset(list(reversed(demo_paths)), demo_model_dir, tmp_path / "b", TokenizeOptions(shards=2))
@@ -123,6 +154,7 @@ def test_sample_ids_are_stable_across_runs_and_file_order(demo_paths, demo_model
     assert all(a[k]["shard"] == b[k]["shard"] for k in a)  # balance depends on lengths, not order
 
 
+@pytest.mark.slow  # the whole demo corpus through several passes
 def test_rerun_replaces_atomically_and_a_crash_keeps_the_old_output(demo_paths, demo_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "tokenized"
     tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(shards=2))
@@ -162,6 +194,7 @@ def test_tokenizer_without_template_is_an_error_naming_the_model(tmp_path, demo_
         tokenize_dataset([good], model, tmp_path / "out", TokenizeOptions())
 
 
+@pytest.mark.slow  # the whole demo corpus through several passes
 def test_truncation_and_thinking_policy(demo_paths, demo_model_dir, tmp_path):
     short = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "s", TokenizeOptions(max_length=256, shards=1))
     table = read_tokenized_shard(tmp_path / "s", "shard-00")

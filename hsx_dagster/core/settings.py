@@ -59,8 +59,8 @@ class DatasetSettings(_Section):
     )
     tokenize_workers: int | Literal["auto"] = Field(
         "auto",
-        description="Processes that render and tokenise conversations; auto: every core; 1: in the main process. "
-        "The output is the same whatever the count",
+        description="Processes that parse, render and tokenise conversations, one core each; auto: every core; "
+        "1: in the main process, on one core. The output is the same whatever the count",
     )
 
     @field_validator("tokenize_workers", mode="before")

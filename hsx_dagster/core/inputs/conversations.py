@@ -19,7 +19,9 @@ A field the pipeline does not understand is not silently dropped: the conversati
 ``ignored`` ("message_field:weight", "record_field:source"), and tokenisation counts it per reason.
 
 `iter_records` yields a `Conversation` for every usable record and a `Reject` (with the file, the
-record's position and a reason code) for every other one; nothing is skipped silently. Problems
+record's position and a reason code) for every other one; nothing is skipped silently. It is
+`iter_raw_records` (reading) followed by `normalise_record` (parsing and checking), two steps so that
+tokenisation can read in one process and parse in its workers. Problems
 with a whole file (unknown format, empty file, wrong Parquet schema, not gzip) raise `InputFileError`
 naming the file, before any tokenisation starts (`check_input_file`); damage found only while
 reading (a truncated gzip, a syntax error inside a JSON array, which loses the array's structure)
@@ -41,7 +43,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NamedTuple, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -227,8 +229,27 @@ def check_input_file(path: Path) -> str:
     return fmt
 
 
+class RawRecord(NamedTuple):
+    """One record as read from its file, before it is normalised: ``payload`` is a JSON Lines line's
+    bytes (decoded and parsed where the record is normalised, which may be a worker process: reading
+    lines is all the reading process does) or the value a JSON array item or Parquet row gave."""
+
+    source: str  # the input file
+    source_index: int  # 0-based position of the record in its file (line, row or array item)
+    location: str  # the same position for humans: "line 12", "row 4", "item 7"
+    payload: Any
+
+
 def iter_records(path: Path) -> Iterator[Conversation | Reject]:
     """Stream a file's records, normalised, in file order; memory does not grow with the file."""
+    for raw in iter_raw_records(path):
+        yield normalise_record(raw)
+
+
+def iter_raw_records(path: Path) -> Iterator[RawRecord]:
+    """Stream a file's records as read, in file order (`normalise_record` turns each into a
+    `Conversation` or a `Reject`); memory does not grow with the file. Damage to the file as a whole
+    raises `InputFileError` here, naming the file and the last record read."""
     fmt = check_input_file(path)
     source = str(path)
     if fmt == "jsonl":
@@ -243,7 +264,7 @@ def iter_records(path: Path) -> Iterator[Conversation | Reject]:
     try:
         for index, record in records:
             location = f"{unit} {index + 1}" if unit == "line" else f"{unit} {index}"
-            yield _normalise(source, index, location, record)
+            yield RawRecord(source, index, location, record)
     except _COMPRESSION_ERRORS as exc:
         where = f"after {location}" if location else "before its first record"
         raise InputFileError(
@@ -254,7 +275,14 @@ def iter_records(path: Path) -> Iterator[Conversation | Reject]:
         raise InputFileError(f"{path}: cannot read the Parquet file {where}: {exc}") from None
 
 
-def _iter_jsonl(path: Path, strict_first: bool = False) -> Iterator[tuple[int, Any]]:
+def normalise_record(raw: RawRecord) -> Conversation | Reject:
+    """The record as a `Conversation`, or a `Reject` saying why it cannot be one."""
+    payload = _parse_json_line(raw.payload) if isinstance(raw.payload, bytes) else raw.payload
+    return _normalise(raw.source, raw.source_index, raw.location, payload)
+
+
+def _iter_jsonl(path: Path, strict_first: bool = False) -> Iterator[tuple[int, bytes]]:
+    """(line index, the line's bytes) for every line that is not blank."""
     with _open_binary(path) as handle:
         first = True
         for index, raw in enumerate(handle):
@@ -262,26 +290,39 @@ def _iter_jsonl(path: Path, strict_first: bool = False) -> Iterator[tuple[int, A
                 raw = raw[len(UTF8_BOM) :]  # editors on Windows start files with a byte-order mark
             if not raw.strip():
                 continue  # blank lines separate nothing and hold no record
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield index, Reject("", 0, "", RejectReason.INVALID_UTF8, f"not UTF-8 at byte {exc.start}")
-                first = False
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                if first and strict_first:
-                    raise InputFileError(
-                        f"{path}: line {index + 1} is not a whole JSON record ({exc.msg} at column {exc.colno}); "
-                        "a .json file must hold a JSON array of records or one record per line "
-                        "(a single pretty-printed object is neither)"
-                    ) from None
-                record = Reject("", 0, "", RejectReason.INVALID_JSON, f"{exc.msg} at column {exc.colno}")
-            except RecursionError:
-                record = Reject("", 0, "", RejectReason.INVALID_JSON, "nested too deeply to be a conversation")
+            if first and strict_first:
+                _check_whole_first_line(path, index, raw)
             first = False
-            yield index, record
+            yield index, raw
+
+
+def _check_whole_first_line(path: Path, index: int, raw: bytes) -> None:
+    try:
+        json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return  # a record rejected alone, as on any other line
+    except json.JSONDecodeError as exc:
+        raise InputFileError(
+            f"{path}: line {index + 1} is not a whole JSON record ({exc.msg} at column {exc.colno}); "
+            "a .json file must hold a JSON array of records or one record per line "
+            "(a single pretty-printed object is neither)"
+        ) from None
+    except RecursionError:
+        return
+
+
+def _parse_json_line(raw: bytes) -> Any:
+    """A JSON Lines line's record, or a `Reject` (its place filled in by `_normalise`) saying why not."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Reject("", 0, "", RejectReason.INVALID_UTF8, f"not UTF-8 at byte {exc.start}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        return Reject("", 0, "", RejectReason.INVALID_JSON, f"{exc.msg} at column {exc.colno}")
+    except RecursionError:
+        return Reject("", 0, "", RejectReason.INVALID_JSON, "nested too deeply to be a conversation")
 
 
 def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:

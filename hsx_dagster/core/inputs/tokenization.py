@@ -13,14 +13,20 @@ second pass copies rows into their shard's file. The new directory replaces the 
 so a crash never leaves a half-written tokenized dataset in place; a folder that is not a tokenized
 dataset is never replaced.
 
-Rendering and tokenising run in worker processes (``TokenizeOptions.workers``, setting
-``dataset.tokenize_workers``; None = every core, 1 = in this process). The main process reads and
-parses the inputs, hands the conversations over in chunks, and takes the results back in input order,
-so duplicates, rejects, sample order and the Parquet bytes are the same whatever the worker count.
+Parsing, rendering and tokenising run in worker processes (``TokenizeOptions.workers``, setting
+``dataset.tokenize_workers``; None = every core, 1 = in this process). The main process only reads:
+it hands the records over in chunks as read (a JSON line still as bytes) and takes the results back
+in input order, so duplicates, rejects, sample order and the Parquet bytes are the same whatever the
+worker count.
+A worker is one core: the fast tokenizer's own thread pool is off in every worker and in the
+in-process pass alike, so ``tokenize_workers`` bounds the cores tokenisation takes (it may run beside
+extraction on the same machine).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -49,7 +55,15 @@ from hsx_dagster.core.inputs.chat_template import (
     template_fingerprint,
     tokenize_rendered,
 )
-from hsx_dagster.core.inputs.conversations import Conversation, Reject, RejectReason, check_input_file, iter_records
+from hsx_dagster.core.inputs.conversations import (
+    Conversation,
+    RawRecord,
+    Reject,
+    RejectReason,
+    check_input_file,
+    iter_raw_records,
+    normalise_record,
+)
 from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, shard_loads
 from hsx_dagster.core.settings import check_shard_key, shard_keys
 from hsx_dagster.core.storage.format import (
@@ -63,9 +77,10 @@ from hsx_dagster.core.storage.format import (
 )
 
 BATCH_CONVERSATIONS = 512
-WORKER_CHUNK = 64  # conversations per task handed to a worker process
+WORKER_CHUNK = 64  # records per task handed to a worker process
 WORKER_AHEAD = 3  # batches in flight per worker: the workers never wait for the reader
 WRITE_ROWS = 4096
+TOKENIZER_THREADS_VARIABLE = "TOKENIZERS_PARALLELISM"  # the Rust tokenizer's thread pool, on unless "false"
 # Files of a Hugging Face tokenizer that decide how text becomes ids (hashed into the provenance).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -306,15 +321,36 @@ class _FirstPass:
     workers: int
 
 
-# What rendering and tokenising one conversation gives: its sample id, and the tokens or why not.
-Outcome = tuple[int, TokenizedConversation | SampleRejected]
+# What reading one record gives: a Reject (not a usable conversation), or its sample id, the fields
+# not understood, and its tokens or why the template could not take it.
+Outcome = Reject | tuple[int, tuple[str, ...], TokenizedConversation | SampleRejected]
+
+
+def process_records(
+    records: Sequence[RawRecord], tokenizer, markers: TemplateMarkers, thinking: str, max_length: int
+) -> list[Outcome]:
+    """Parse, render and tokenise records (the work a worker process does), in order."""
+    outcomes: list[Outcome | None] = [None] * len(records)
+    conversations: list[Conversation] = []
+    places: list[int] = []
+    for position, raw in enumerate(records):
+        item = normalise_record(raw)
+        if isinstance(item, Reject):
+            outcomes[position] = item
+        else:
+            conversations.append(item)
+            places.append(position)
+    results = process_conversations(conversations, tokenizer, markers, thinking, max_length)
+    for position, conversation, (sample_id, result) in zip(places, conversations, results):
+        outcomes[position] = (sample_id, conversation.ignored, result)
+    return outcomes  # type: ignore[return-value]  # every position is filled above
 
 
 def process_conversations(
     conversations: Sequence[Conversation], tokenizer, markers: TemplateMarkers, thinking: str, max_length: int
-) -> list[Outcome]:
-    """Render and tokenise conversations (the work a worker process does), in order."""
-    outcomes: list[Outcome | None] = [None] * len(conversations)
+) -> list[tuple[int, TokenizedConversation | SampleRejected]]:
+    """Render and tokenise conversations, in order: (sample id, tokens or why not) for each."""
+    outcomes: list[tuple[int, TokenizedConversation | SampleRejected] | None] = [None] * len(conversations)
     rendered, places = [], []
     for position, conversation in enumerate(conversations):
         sample_id = sample_id_of(conversation.messages, conversation.tools)
@@ -333,32 +369,55 @@ _WORKER_STATE: dict = {}
 
 def _worker_start(model_path: str, trust_remote_code: bool, thinking: str, max_length: int) -> None:
     # One process per core already: the tokenizer's own thread pool would only oversubscribe the cores.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ[TOKENIZER_THREADS_VARIABLE] = "false"
+    # The objects inherited from the parent are never this worker's garbage: kept out of its collections,
+    # they are not walked (nor their pages copied) every time the worker's own allocations trigger one.
+    gc.freeze()
     if "tokenizer" not in _WORKER_STATE:  # forked workers inherit the parent's tokenizer and markers
         tokenizer = load_tokenizer(Path(model_path), trust_remote_code)
         _WORKER_STATE.update(tokenizer=tokenizer, markers=TemplateMarkers.probe(tokenizer))
     _WORKER_STATE.update(thinking=thinking, max_length=max_length)
 
 
-def _worker_run(conversations: list[Conversation]) -> list:
+def _worker_run(records: list[RawRecord]) -> list:
     state = _WORKER_STATE
-    outcomes = process_conversations(
-        conversations, state["tokenizer"], state["markers"], state["thinking"], state["max_length"]
-    )
+    outcomes = process_records(records, state["tokenizer"], state["markers"], state["thinking"], state["max_length"])
     # Raw bytes travel back faster than pickled arrays and dataclasses.
     return [
-        (sample_id, outcome)
-        if isinstance(outcome, SampleRejected)
-        else (sample_id, outcome.input_ids.tobytes(), outcome.loss_mask.tobytes(), outcome.truncated)
-        for sample_id, outcome in outcomes
+        outcome
+        if isinstance(outcome, Reject) or isinstance(outcome[2], SampleRejected)
+        else (
+            outcome[0],
+            outcome[1],
+            outcome[2].input_ids.tobytes(),
+            outcome[2].loss_mask.tobytes(),
+            outcome[2].truncated,
+        )
+        for outcome in outcomes
     ]
 
 
-def _from_worker(result: tuple) -> Outcome:
-    if len(result) == 2:
+def _from_worker(result) -> Outcome:
+    if isinstance(result, Reject) or len(result) == 3:
         return result
-    sample_id, ids, mask, truncated = result
-    return sample_id, TokenizedConversation(np.frombuffer(ids, np.int32), np.frombuffer(mask, np.uint8), truncated)
+    sample_id, ignored, ids, mask, truncated = result
+    tokens = TokenizedConversation(np.frombuffer(ids, np.int32), np.frombuffer(mask, np.uint8), truncated)
+    return sample_id, ignored, tokens
+
+
+@contextlib.contextmanager
+def _tokenizer_threads_off() -> Iterator[None]:
+    """One worker in this process is one core too: the fast tokenizer reads this variable at every
+    batch call, so it is off for the pass and restored after it."""
+    before = os.environ.get(TOKENIZER_THREADS_VARIABLE)
+    os.environ[TOKENIZER_THREADS_VARIABLE] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TOKENIZER_THREADS_VARIABLE, None)
+        else:
+            os.environ[TOKENIZER_THREADS_VARIABLE] = before
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
@@ -387,23 +446,16 @@ class _Processor:
                 initargs=(str(model_path), options.trust_remote_code, options.thinking, options.max_length),
             )
 
-    def run(self, batches: Iterator[list]) -> Iterator[tuple[list, list[Outcome]]]:
-        """(batch, outcomes of its conversations in order) for every batch, in order."""
+    def run(self, batches: Iterator[list[RawRecord]]) -> Iterator[tuple[list[RawRecord], list[Outcome]]]:
+        """(batch, the outcome of each of its records) for every batch, in order."""
+        options = self.options
         if self.pool is None:
             for batch in batches:
-                conversations = [item for item in batch if isinstance(item, Conversation)]
-                options = self.options
-                yield (
-                    batch,
-                    process_conversations(
-                        conversations, self.tokenizer, self.markers, options.thinking, options.max_length
-                    ),
-                )
+                yield batch, process_records(batch, self.tokenizer, self.markers, options.thinking, options.max_length)
             return
         pending: deque[tuple[list, list[Future]]] = deque()
         for batch in batches:
-            conversations = [item for item in batch if isinstance(item, Conversation)]
-            chunks = [conversations[at : at + WORKER_CHUNK] for at in range(0, len(conversations), WORKER_CHUNK)]
+            chunks = [batch[at : at + WORKER_CHUNK] for at in range(0, len(batch), WORKER_CHUNK)]
             pending.append((batch, [self.pool.submit(_worker_run, chunk) for chunk in chunks]))
             while len(pending) > WORKER_AHEAD * self.workers:
                 yield self._collect(pending.popleft())
@@ -436,10 +488,13 @@ def _tokenize_into(
     processor = _Processor(workers, tokenizer, markers, options, Path(model_path))
 
     with (
+        _tokenizer_threads_off(),
         pq.ParquetWriter(staging_file, _STAGING_SCHEMA) as samples_out,
         pq.ParquetWriter(rejects_file, REJECT_SCHEMA) as rejects_out,
     ):
         reject_rows: list[Reject] = []
+        # Staging rows go out in row groups of WRITE_ROWS: fewer, larger writes cost the reading process less.
+        rows: list[tuple[RawRecord, int, np.ndarray, np.ndarray]] = []
 
         def record_reject(item: Reject) -> None:
             rejects[item.reason] += 1
@@ -447,44 +502,43 @@ def _tokenize_into(
             reject_rows.append(item)
 
         try:
-            for batch, outcomes in processor.run(_batched(_all_records(paths), BATCH_CONVERSATIONS)):
-                rows: list[tuple[Conversation, int, np.ndarray, np.ndarray]] = []
-                results = iter(outcomes)
-                for item in batch:
+            for batch, outcomes in processor.run(_batched(_all_raw_records(paths), BATCH_CONVERSATIONS)):
+                for raw, outcome in zip(batch, outcomes):
                     records += 1
-                    per_input[item.source]["records"] += 1
-                    if isinstance(item, Reject):
-                        record_reject(item)
+                    per_input[raw.source]["records"] += 1
+                    if isinstance(outcome, Reject):
+                        record_reject(outcome)
                         continue
-                    sample_id, outcome = next(results)
+                    sample_id, ignored_fields, result = outcome
                     if sample_id in seen:
-                        record_reject(_reject(item, RejectReason.DUPLICATE, f"same conversation as {seen[sample_id]}"))
+                        record_reject(_reject(raw, RejectReason.DUPLICATE, f"same conversation as {seen[sample_id]}"))
                         continue
-                    if isinstance(outcome, SampleRejected):
-                        record_reject(_reject(item, outcome.reason, outcome.detail))
+                    if isinstance(result, SampleRejected):
+                        record_reject(_reject(raw, result.reason, result.detail))
                         continue
-                    seen[sample_id] = f"{item.source} {item.location}"
-                    ignored.update(set(item.ignored))
-                    supervised = int(outcome.loss_mask.sum())
+                    seen[sample_id] = f"{raw.source} {raw.location}"
+                    ignored.update(set(ignored_fields))
+                    supervised = int(result.loss_mask.sum())
                     if supervised < options.min_loss_tokens:
-                        cut = " after truncation to max_length" if outcome.truncated else ""
+                        cut = " after truncation to max_length" if result.truncated else ""
                         record_reject(
                             _reject(
-                                item,
+                                raw,
                                 RejectReason.TOO_FEW_LOSS_TOKENS,
                                 f"{supervised} supervised tokens{cut}, fewer than "
                                 f"min_loss_tokens={options.min_loss_tokens}",
                             )
                         )
                         continue
-                    truncated += outcome.truncated
+                    truncated += result.truncated
                     loss_tokens += supervised
-                    rows.append((item, sample_id, outcome.input_ids, outcome.loss_mask))
-                    per_input[item.source]["samples"] += 1
+                    rows.append((raw, sample_id, result.input_ids, result.loss_mask))
+                    per_input[raw.source]["samples"] += 1
                     sample_ids.append(sample_id)
-                    num_tokens.append(len(outcome.input_ids))
-                if rows:
+                    num_tokens.append(len(result.input_ids))
+                if len(rows) >= WRITE_ROWS:
                     samples_out.write_table(_sample_table(rows))
+                    rows.clear()
                 if reject_rows:
                     rejects_out.write_table(_reject_table(reject_rows))
                     reject_rows.clear()
@@ -497,6 +551,8 @@ def _tokenize_into(
                         f"tokenizing: {records} conversations read, {len(sample_ids)} samples, "
                         f"{rate:.0f} conversations/s ({workers} workers)"
                     )
+            if rows:
+                samples_out.write_table(_sample_table(rows))
         finally:
             processor.close()
 
@@ -619,9 +675,9 @@ def read_rejects(tokenized_dir: Path) -> pa.Table:
     return pq.read_table(Path(tokenized_dir) / TOKENIZED_REJECTS_FILE)
 
 
-def _all_records(paths: Iterable[Path]):
+def _all_raw_records(paths: Iterable[Path]) -> Iterator[RawRecord]:
     for path in paths:
-        yield from iter_records(Path(path))
+        yield from iter_raw_records(Path(path))
 
 
 def _batched(items, size):
@@ -635,7 +691,7 @@ def _batched(items, size):
         yield batch
 
 
-def _reject(item: Conversation, reason: str, detail: str) -> Reject:
+def _reject(item: RawRecord, reason: str, detail: str) -> Reject:
     return Reject(item.source, item.source_index, item.location, reason, detail)
 
 
