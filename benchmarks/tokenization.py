@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,7 @@ from benchmarks.models import demo_inputs, demo_model
 from hsx_dagster.core.inputs import tokenization
 from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
 
+REPO = Path(__file__).resolve().parents[1]
 THREADED = "1, tokenizer threads on"  # the reference contestant's label
 COLUMNS = ["sample_id", "input_ids", "loss_mask", "num_tokens"]
 AGENTIC_SHARE = 0.2  # of the generated corpus
@@ -88,52 +90,35 @@ def _children_cpu() -> float:
 def measure_workers(
     work: Path, conversations: int = 20_000, rounds: int = 3, workers: int = 2, threaded_baseline: bool = False
 ) -> dict:
-    """Workers 1 against ``workers``, interleaved; conversations/s of each, the paired speed-up, the load."""
+    """Workers 1 against ``workers``, interleaved; conversations/s of each, the paired speed-up, the load.
+    Every run is a fresh process, as every Dagster run is: a run in a process that already tokenised
+    in-process would fork its workers off a heap grown by the earlier run (measured: 15% more worker CPU)."""
     corpus = work / "corpus.jsonl"
     records = write_corpus(corpus, conversations)
-    model = demo_model()
     contestants: tuple[str, ...] = ("1", str(workers), *((THREADED,) if threaded_baseline else ()))
-    runs: dict[str, list] = {label: [] for label in contestants}
+    runs: dict[str, list[dict]] = {label: [] for label in contestants}
     digests = set()
     for round_number in range(rounds):
         order = contestants if round_number % 2 == 0 else contestants[::-1]
         for label in order:
             out = work / f"out-{contestants.index(label)}"
             print(f"  round {round_number + 1}/{rounds}: {label} worker(s) ...", file=sys.stderr)
-            children = _children_cpu()
-            count = 1 if label == THREADED else int(label)
-            threads = (
-                mock.patch.object(tokenization, "_tokenizer_threads_off", contextlib.nullcontext)
-                if label == THREADED
-                else contextlib.nullcontext()
-            )
-
-            def tokenize(out: Path = out, count: int = count) -> object:
-                return tokenize_dataset([corpus], model, out, TokenizeOptions(workers=count))
-
-            with threads:
-                run = timed(tokenize)
-            # The workers are this run's, not other processes: their CPU (reaped at the pool's shutdown) moves over.
-            workers_cpu = _children_cpu() - children
-            run.cpu_seconds += workers_cpu
-            if run.others_cores is not None:
-                run.others_cores = max(0.0, run.others_cores - workers_cpu / run.seconds)
-            runs[label].append(run)
+            runs[label].append(_run_in_fresh_process(corpus, out, label))
             digests.add(_output_digest(out))
     many = str(workers)
-    ratios = [one.seconds / other.seconds for one, other in zip(runs["1"], runs[many])]
-    samples = getattr(runs["1"][0].result, "samples", 0)
+    ratios = [one["seconds"] / other["seconds"] for one, other in zip(runs["1"], runs[many])]
+    samples = runs["1"][0]["samples"]
 
     def figures(label: str) -> dict:
-        seconds = [run.seconds for run in runs[label]]
+        seconds = [run["seconds"] for run in runs[label]]
         return {
             "seconds": [round(s, 2) for s in seconds],
             "conversations_per_s": round(records / median(seconds), 1),
-            "cpu_seconds": [round(r.cpu_seconds, 2) for r in runs[label]],
-            "others_cores": [None if r.others_cores is None else round(r.others_cores, 2) for r in runs[label]],
+            "cpu_seconds": [round(r["cpu_seconds"], 2) for r in runs[label]],
+            "others_cores": [None if r["others_cores"] is None else round(r["others_cores"], 2) for r in runs[label]],
         }
 
-    others = [r.others_cores for label in contestants for r in runs[label] if r.others_cores is not None]
+    others = [r["others_cores"] for label in contestants for r in runs[label] if r["others_cores"] is not None]
     result = {
         "conversations": records,
         "samples": samples,
@@ -148,12 +133,47 @@ def measure_workers(
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     if threaded_baseline:
-        against = [threaded.seconds / other.seconds for threaded, other in zip(runs[THREADED], runs[many])]
+        against = [threaded["seconds"] / other["seconds"] for threaded, other in zip(runs[THREADED], runs[many])]
         result["speedup_over_threaded"] = {
             "median": round(median(against), 3),
             "per_round": [round(r, 3) for r in against],
         }
     return result
+
+
+def _run_in_fresh_process(corpus: Path, out: Path, label: str) -> dict:
+    command = [sys.executable, "-m", "benchmarks.tokenization", "--one-run", label, "--corpus", str(corpus)]
+    done = subprocess.run([*command, "--out", str(out)], cwd=REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def one_run(corpus: Path, out: Path, label: str) -> dict:
+    """Tokenise ``corpus`` once in this process as contestant ``label``: its seconds, CPU seconds (its
+    worker processes included) and the cores other processes kept busy meanwhile."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    model = demo_model()
+    count = 1 if label == THREADED else int(label)
+    threads = (
+        mock.patch.object(tokenization, "_tokenizer_threads_off", contextlib.nullcontext)
+        if label == THREADED
+        else contextlib.nullcontext()
+    )
+    children = _children_cpu()
+    with threads:
+        run = timed(lambda: tokenize_dataset([corpus], model, out, TokenizeOptions(workers=count)))
+    # The workers are this run's, not other processes: their CPU (reaped at the pool's shutdown) moves over.
+    workers_cpu = _children_cpu() - children
+    others = None if run.others_cores is None else max(0.0, run.others_cores - workers_cpu / run.seconds)
+    return {
+        "seconds": run.seconds,
+        "cpu_seconds": run.cpu_seconds + workers_cpu,
+        "others_cores": others,
+        "samples": getattr(run.result, "samples", 0),
+    }
 
 
 def render_workers(result: dict) -> str:
@@ -204,7 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also run one worker with the tokenizer's own thread pool on, for reference",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    # One contestant's run, in the fresh process measure_workers starts for it.
+    parser.add_argument("--one-run", metavar="LABEL", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one_run:
+        print(json.dumps(one_run(args.corpus, args.out, args.one_run)))
+        return 0
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

@@ -60,7 +60,8 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
     command = [
         sys.executable, "-m", "benchmarks.cpu", "--samples", "8", "--rounds", "1", "--models", "qwen3.6-shaped",
         "--storage-models", "demo", "--memory-samples", "8", "--memory-factor", "2", "--tokenize-repeats", "1",
-        "--max-repeats", "0", "--out", str(tmp_path), "--date", "test",
+        "--tokenize-conversations", "400", "--tokenize-rounds", "1", "--max-repeats", "0", "--out", str(tmp_path),
+        "--date", "test",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -90,4 +91,8 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
     assert memory["runs"]["2x"]["tokens"] == 2 * memory["runs"]["1x"]["tokens"]
     assert memory["peak_ratio"] > 0
     assert results["tokenization"]["conversations_per_s"] > 0
+    workers = results["tokenization"]["workers"]
+    assert workers["conversations"] == 400 and workers["identical_output"]
+    assert set(workers["workers"]) == {"1", "2"} and workers["speedup"]["median"] > 0
+    assert "tokenize_workers 2 / 1" in markdown
     assert {row["target"].split(" ")[0] for row in results["targets"]} >= {"pipeline", "padding", "bytes", "peak"}
