@@ -56,7 +56,6 @@ from hsx_dagster.core.inputs.chat_template import (
     tokenize_rendered,
 )
 from hsx_dagster.core.inputs.conversations import (
-    Conversation,
     RawRecord,
     Reject,
     RejectReason,
@@ -331,36 +330,20 @@ def process_records(
 ) -> list[Outcome]:
     """Parse, render and tokenise records (the work a worker process does), in order."""
     outcomes: list[Outcome | None] = [None] * len(records)
-    conversations: list[Conversation] = []
-    places: list[int] = []
+    rendered, places = [], []
     for position, raw in enumerate(records):
         item = normalise_record(raw)
         if isinstance(item, Reject):
             outcomes[position] = item
-        else:
-            conversations.append(item)
-            places.append(position)
-    results = process_conversations(conversations, tokenizer, markers, thinking, max_length)
-    for position, conversation, (sample_id, result) in zip(places, conversations, results):
-        outcomes[position] = (sample_id, conversation.ignored, result)
-    return outcomes  # type: ignore[return-value]  # every position is filled above
-
-
-def process_conversations(
-    conversations: Sequence[Conversation], tokenizer, markers: TemplateMarkers, thinking: str, max_length: int
-) -> list[tuple[int, TokenizedConversation | SampleRejected]]:
-    """Render and tokenise conversations, in order: (sample id, tokens or why not) for each."""
-    outcomes: list[tuple[int, TokenizedConversation | SampleRejected] | None] = [None] * len(conversations)
-    rendered, places = [], []
-    for position, conversation in enumerate(conversations):
-        sample_id = sample_id_of(conversation.messages, conversation.tools)
+            continue
+        sample_id = sample_id_of(item.messages, item.tools)
         try:
-            rendered.append(render(conversation, tokenizer, markers, thinking))
-            places.append((position, sample_id))
+            rendered.append(render(item, tokenizer, markers, thinking))
+            places.append((position, sample_id, item.ignored))
         except SampleRejected as exc:
-            outcomes[position] = (sample_id, exc)
-    for (position, sample_id), tokens in zip(places, tokenize_rendered(rendered, tokenizer, max_length)):
-        outcomes[position] = (sample_id, tokens)
+            outcomes[position] = (sample_id, item.ignored, exc)
+    for (position, sample_id, ignored), tokens in zip(places, tokenize_rendered(rendered, tokenizer, max_length)):
+        outcomes[position] = (sample_id, ignored, tokens)
     return outcomes  # type: ignore[return-value]  # every position is filled above
 
 
