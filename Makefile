@@ -1,7 +1,8 @@
 # Everyday commands. Each one sets up what it needs on a fresh machine (.venv, demo data).
 #   make demo   set up, then run the whole pipeline on the embedded demo and print a summary
 #   make test   the test suite (what CI runs); make test-quick leaves out the slow tests (servers, CLI runs, kills,
-#               several passes over the whole demo) and runs the rest on every core
+#               whole-corpus passes, the other values of sweeps: hsx_dagster_tests/sweeps.py) and runs the rest on
+#               every core, a module per worker (its module fixtures built once)
 #   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
 #   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}
@@ -56,7 +57,7 @@ test: data
 	$(BIN)/python -m pytest -q --durations=15
 
 test-quick: data
-	$(BIN)/python -m pytest -q -m "not slow" -n auto --durations=10
+	$(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=10
 
 check: install
 	$(BIN)/ruff check .

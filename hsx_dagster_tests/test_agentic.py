@@ -29,6 +29,7 @@ from hsx_dagster.core.inputs.tokenization import (
 )
 from hsx_dagster.core.storage.format import tokenized_shard_file
 from hsx_dagster.demo.build import AGENTIC_PATH, AGENTIC_SHAREGPT_PATH
+from hsx_dagster_tests.sweeps import densities, every_nth
 
 REAL_SHAREGPT = Path("/work/shared/data/sharegpt_dummy_conversation.json")
 TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -185,6 +186,12 @@ def agentic_paths(demo_root) -> list[Path]:
     return [demo_root / AGENTIC_PATH, demo_root / AGENTIC_SHAREGPT_PATH]
 
 
+@pytest.fixture
+def agentic_samples(agentic_paths, every, tmp_path) -> list[Path]:
+    """The agentic corpus, or every ``every``-th record of it (same files and formats)."""
+    return every_nth(agentic_paths, every, tmp_path / "corpus")
+
+
 @pytest.fixture(scope="module")
 def special_tags_model(demo_model_dir, tmp_path_factory) -> Path:
     """The demo tokenizer with the reasoning and tool tags marked special (as several families ship them)."""
@@ -198,8 +205,9 @@ def special_tags_model(demo_model_dir, tmp_path_factory) -> Path:
     return out
 
 
-def test_demo_corpus_covers_every_agentic_form(agentic_paths):
-    openai_records = source_records(agentic_paths[0])
+@densities()
+def test_demo_corpus_covers_every_agentic_form(agentic_samples):
+    openai_records = source_records(agentic_samples[0])
     messages = [m for r in openai_records for m in r["messages"]]
     calls = [c for m in messages for c in m.get("tool_calls") or []]
     assert all(r["tools"] for r in openai_records)
@@ -218,33 +226,35 @@ def test_demo_corpus_covers_every_agentic_form(agentic_paths):
         and any(m.get("reasoning_content") for m in r["messages"][:3])
         for r in openai_records
     )
-    sharegpt = source_records(agentic_paths[1])
+    sharegpt = source_records(agentic_samples[1])
     roles = {t["from"] for r in sharegpt for t in r["conversations"]}
     assert {"function_call", "observation"} <= roles
     assert {type(r["tools"]) for r in sharegpt} == {str, list}
 
 
+@densities()
 @pytest.mark.parametrize("thinking", ["keep", "strip", "exclude_from_loss"])
 def test_every_agentic_sample_is_the_templates_own_rendering(
-    agentic_paths, demo_model_dir, demo_tokenizer, tmp_path, thinking
+    agentic_samples, demo_model_dir, demo_tokenizer, tmp_path, thinking
 ):
-    summary, rows = check_every_sample(demo_tokenizer, demo_model_dir, agentic_paths, tmp_path / "out", thinking)
+    summary, rows = check_every_sample(demo_tokenizer, demo_model_dir, agentic_samples, tmp_path / "out", thinking)
     assert summary.rejects == {} and summary.ignored_fields == {}
     if thinking == "keep":
         # The tools block is in the ids (unsupervised), and tool-call blocks are supervised.
-        first = next(r for r in rows if r["source"] == str(agentic_paths[0]) and r["source_index"] == 0)
+        first = next(r for r in rows if r["source"] == str(agentic_samples[0]) and r["source_index"] == 0)
         ids, mask = np.asarray(first["input_ids"]), np.asarray(first["loss_mask"], dtype=bool)
         assert "<tools>" in demo_tokenizer.decode(ids[~mask].tolist())
         supervised = "".join(supervised_runs(demo_tokenizer, first["input_ids"], first["loss_mask"]))
         assert "<tool_call>" in supervised and "<tools>" not in supervised and "<tool_response>" not in supervised
 
 
-def test_agentic_samples_exact_when_the_tags_are_special_tokens(agentic_paths, special_tags_model, tmp_path):
+@densities()
+def test_agentic_samples_exact_when_the_tags_are_special_tokens(agentic_samples, special_tags_model, tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(special_tags_model))
     assert {"<think>", "<tool_call>"} <= set(tokenizer.all_special_tokens)
-    summary, _ = check_every_sample(tokenizer, special_tags_model, agentic_paths, tmp_path / "out", "keep")
+    summary, _ = check_every_sample(tokenizer, special_tags_model, agentic_samples, tmp_path / "out", "keep")
     assert summary.rejects == {}
     # The tags are accepted, but the turn structure is still guarded.
     assert not set(TAGS) & set(summary.tokenizer["control_strings"])
@@ -273,6 +283,7 @@ def test_plain_chat_and_real_sharegpt_still_exact_with_workers(demo_paths, demo_
         assert row["input_ids"] == template_ids(demo_tokenizer, messages, tools)
 
 
+@pytest.mark.slow  # two passes over the agentic corpus (the quick loop compares workers on every reject reason)
 def test_agentic_output_identical_with_two_workers(agentic_paths, demo_model_dir, tmp_path):
     one = tokenize_dataset(agentic_paths, demo_model_dir, tmp_path / "one", TokenizeOptions(workers=1))
     two = tokenize_dataset(agentic_paths, demo_model_dir, tmp_path / "two", TokenizeOptions(workers=2))

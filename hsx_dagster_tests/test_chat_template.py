@@ -16,6 +16,7 @@ from hsx_dagster.core.inputs.chat_template import (
     tokenize_rendered,
 )
 from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason
+from hsx_dagster_tests.sweeps import densities
 
 
 def qwen3_expected_turns(messages: tuple[Message, ...], thinking: str) -> list[str]:
@@ -72,24 +73,28 @@ def check_exact(conversations, tokenizer, expected_turns, thinking):
     return rendered
 
 
+@densities()
 @pytest.mark.parametrize("thinking", ["keep", "strip", "exclude_from_loss"])
-def test_qwen3_template_mask_exact_on_every_demo_sample(demo_conversations, demo_tokenizer, thinking):
-    rendered = check_exact(demo_conversations, demo_tokenizer, qwen3_expected_turns, thinking)
+def test_qwen3_template_mask_exact_on_the_demo_samples(demo_conversations, demo_tokenizer, thinking, every):
+    conversations = demo_conversations[::every]
+    rendered = check_exact(conversations, demo_tokenizer, qwen3_expected_turns, thinking)
     if thinking == "keep":
-        # The demo exercises the template's rewriting: some earlier reasoning is dropped from the text.
+        # The demo exercises the template's rewriting: some earlier reasoning is dropped from the text
+        # (more than 50 times in the whole corpus, in proportion in every n-th sample).
         dropped = sum(
             1
-            for c, r in zip(demo_conversations, rendered)
+            for c, r in zip(conversations, rendered)
             for m in c.messages
             if m.role == "assistant"
             and "</think>" in m.content
             and m.content.split("</think>")[0].split("<think>")[-1].strip() not in r.text
         )
-        assert dropped > 50
+        assert dropped > 50 / every
 
 
+@densities()
 @pytest.mark.parametrize("thinking", ["keep", "strip"])
-def test_llama3_template_mask_exact_on_every_demo_sample(demo_conversations, llama3_tokenizer, thinking):
+def test_llama3_template_mask_exact_on_the_demo_samples(demo_conversations, llama3_tokenizer, thinking, every):
     expected = llama3_expected_turns if thinking == "keep" else None
     if thinking == "strip":
 
@@ -98,7 +103,7 @@ def test_llama3_template_mask_exact_on_every_demo_sample(demo_conversations, lla
 
             return [strip_reasoning(m.content).strip() + "<|eot_id|>" for m in messages if m.role == "assistant"]
 
-    check_exact(demo_conversations, llama3_tokenizer, expected, thinking)
+    check_exact(demo_conversations[::every], llama3_tokenizer, expected, thinking)
 
 
 def test_markers_learnt_from_the_templates(demo_tokenizer, llama3_tokenizer):

@@ -22,15 +22,26 @@ from hsx_dagster.resources import GpuResource, HsxSettings
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def settings_file(tmp_path, demo_paths, demo_model_dir) -> Path:
-    path = tmp_path / "hsx.yaml"
-    paths = "".join(f"\n    - {p}" for p in demo_paths)
+def write_settings(folder: Path, inputs: list[Path], model_dir: Path) -> Path:
+    path = folder / "hsx.yaml"
+    paths = "".join(f"\n    - {p}" for p in inputs)
     path.write_text(
-        f"dataset:\n  paths:{paths}\n  min_loss_tokens: 4\nmodel:\n  path: {demo_model_dir}\n  layers: eagle3\n"
+        f"dataset:\n  paths:{paths}\n  min_loss_tokens: 4\nmodel:\n  path: {model_dir}\n  layers: eagle3\n"
         f"shards: 3\noutput_dir: out\n"
     )
     return path
+
+
+@pytest.fixture
+def settings_file(tmp_path, demo_paths, demo_model_dir) -> Path:
+    """The whole demo corpus (rejects included) in three shards."""
+    return write_settings(tmp_path, demo_paths, demo_model_dir)
+
+
+@pytest.fixture
+def small_corpus_settings_file(tmp_path, small_inputs, demo_model_dir) -> Path:
+    """The same settings over 28 conversations: for what does not need the whole corpus."""
+    return write_settings(tmp_path, [small_inputs], demo_model_dir)
 
 
 def test_definitions_graph_partitions_and_resources(settings_file):
@@ -64,6 +75,7 @@ def test_the_module_definitions_load_from_the_repo_settings():
     )
 
 
+@pytest.mark.slow  # the whole demo corpus through Dagster (the quick loop materializes the asset on 28 conversations)
 def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings_file):
     with instance_for_test(overrides={"concurrency": {"pools": {"default_limit": 2}}}) as instance:
         assert instance.event_log_storage.get_pool_limits() == []
@@ -97,27 +109,27 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         ]
 
 
-def test_run_config_overrides_settings(settings_file):
+def test_run_config_overrides_settings(small_corpus_settings_file):
     with instance_for_test() as instance:
         result = materialize(
             [tokenized_dataset],
-            resources={"settings": HsxSettings(path=str(settings_file))},
+            resources={"settings": HsxSettings(path=str(small_corpus_settings_file))},
             instance=instance,
             run_config={"ops": {"tokenized_dataset": {"config": {"max_length": 128}}}},
         )
         assert result.success
-    summary = TokenizedSummary.read(settings_file.parent / "out" / "tokenized")
+    summary = TokenizedSummary.read(small_corpus_settings_file.parent / "out" / "tokenized")
     assert summary.options["max_length"] == 128
     assert max(b["max"] for b in summary.histogram if b["samples"]) <= 128
 
 
-def test_check_fails_when_a_shard_file_is_tampered_with(settings_file):
+def test_check_fails_when_a_shard_file_is_tampered_with(small_corpus_settings_file):
     import pyarrow.parquet as pq
 
     with instance_for_test() as instance:
-        resources = {"settings": HsxSettings(path=str(settings_file))}
+        resources = {"settings": HsxSettings(path=str(small_corpus_settings_file))}
         assert materialize([tokenized_dataset], resources=resources, instance=instance).success
-        shard = settings_file.parent / "out" / "tokenized" / "samples" / "shard-01.parquet"
+        shard = small_corpus_settings_file.parent / "out" / "tokenized" / "samples" / "shard-01.parquet"
         table = pq.read_table(shard)
         pq.write_table(table.slice(0, table.num_rows - 1), shard)
         result = materialize(

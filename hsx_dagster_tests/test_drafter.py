@@ -19,6 +19,7 @@ from hsx_dagster.core.dataset.reader import DatasetError
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
 from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE as SHARD_INDEX
+from hsx_dagster_tests.sweeps import sweep
 
 LAYERS = (1, 4, 7)  # 7 is the demo model's last layer: its raw output, not Hugging Face's normed one
 SHARDS = ("shard-00", "shard-01")
@@ -140,6 +141,35 @@ def test_all_checks_pass_on_a_good_dataset(dataset_root):
         assert outcome.passed, outcome.description
     numerics = check_numerics(drafter)
     assert [row["layer"] for row in numerics.metadata["per_layer"]] == ["layer 1", "layer 4", "layer 7", "final"]
+
+
+@pytest.mark.parametrize("held_in_a_cycle", sweep([False, True], quick=[False]))  # True: a full collection
+def test_the_parity_reference_is_freed_before_the_check_returns(dataset_root, monkeypatch, held_in_a_cycle):
+    """The reference model is released on return; a full garbage collection (about a second in a large
+    process) runs only when a reference cycle still holds it."""
+    import gc
+    import weakref
+
+    from hsx_dagster.core.extraction import backbone
+
+    loaded_models = []
+    real_load = backbone.load_text_decoder
+
+    def load_and_watch(*args, **kwargs):
+        loaded = real_load(*args, **kwargs)
+        if held_in_a_cycle:
+            loaded.model.__dict__["cycle"] = loaded.model  # what the first import of a model class leaves
+        loaded_models.append(weakref.ref(loaded.model))
+        return loaded
+
+    collections = []
+    real_collect = gc.collect
+    monkeypatch.setattr(backbone, "load_text_decoder", load_and_watch)
+    monkeypatch.setattr(gc, "collect", lambda *args: collections.append(args) or real_collect(*args))
+    outcome = check_parity(dataset_root / "drafter", dataset_root / "tokenized", samples=1)
+    assert outcome.passed, outcome.description
+    assert len(loaded_models) == 1 and loaded_models[0]() is None
+    assert len(collections) == (1 if held_in_a_cycle else 0)
 
 
 def rewrite_chunk(root: Path, shard: str, chunk: str, change) -> None:

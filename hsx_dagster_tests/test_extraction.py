@@ -18,6 +18,7 @@ from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError
+from hsx_dagster_tests.sweeps import sweep
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,12 @@ def stored_samples(out: Path) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("model_name", ["dense", "hybrid"])
-@pytest.mark.parametrize("batch_size, max_batch_tokens", [(8, 4096), (28, 2048), (3, 100_000), ("auto", "auto")])
+# Quick loop: one fixed shape (test_batch_shape checks a probed run against it); the whole suite adds one batch
+# of everything, tiny batches and the probed shape.
+@pytest.mark.parametrize(
+    "batch_size, max_batch_tokens",
+    sweep([(8, 4096), (28, 2048), (3, 100_000), ("auto", "auto")], quick=[(8, 4096)]),
+)
 def test_stored_states_equal_a_per_sample_reference_fp32(
     model_name, batch_size, max_batch_tokens, tokenized, demo_model_dir, dense_model_dir, tmp_path
 ):
@@ -116,6 +122,7 @@ def test_bf16_storage_is_the_reference_rounded(tokenized, demo_model_dir, tmp_pa
         assert torch.all(error <= expected.abs() * 2**-8 + 1e-5)
 
 
+@pytest.mark.slow  # two shard runs (the quick loop checks what is loaded in test_model_families)
 def test_only_needed_layers_are_loaded(tokenized, demo_model_dir, tmp_path):
     result = run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3)))
     assert (result.backbone.kept_layers, result.backbone.num_layers) == (4, 8)
@@ -123,9 +130,11 @@ def test_only_needed_layers_are_loaded(tokenized, demo_model_dir, tmp_path):
     assert final.backbone.kept_layers == 8
 
 
-def test_resume_after_a_crash_gives_the_same_content(tokenized, demo_model_dir, tmp_path, monkeypatch):
+# The engine's bookkeeping (resume, leftovers, refusals, out-of-memory splits) is the same for every model: these
+# tests run the dense tiny model, 2.3x faster than the hybrid, whose states the reference tests check.
+def test_resume_after_a_crash_gives_the_same_content(tokenized, dense_model_dir, tmp_path, monkeypatch):
     layers = (1, 4)
-    run_shard(make_job(tokenized, tmp_path / "clean", demo_model_dir, layers, batch_size=4))
+    run_shard(make_job(tokenized, tmp_path / "clean", dense_model_dir, layers, batch_size=4))
     clean = stored_samples(tmp_path / "clean")
 
     calls = {"n": 0}
@@ -140,14 +149,14 @@ def test_resume_after_a_crash_gives_the_same_content(tokenized, demo_model_dir, 
     monkeypatch.setattr(Backbone, "forward", crash_on_fourth_batch)
     out = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
+        run_shard(make_job(tokenized, out, dense_model_dir, layers, batch_size=4, chunk_bytes=1))
     index_lines = (out / SHARD_INDEX_FILE).read_text().splitlines()
     assert len(index_lines) == 3  # the three finished batches were committed, one chunk each
     first_chunks = {line: (out / json.loads(line)["chunk"]).stat().st_mtime_ns for line in index_lines}
     assert not (out / "complete.json").exists()
 
     monkeypatch.setattr(Backbone, "forward", original)
-    result = run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
+    result = run_shard(make_job(tokenized, out, dense_model_dir, layers, batch_size=4, chunk_bytes=1))
     assert result.report.samples_skipped == 12 and result.report.samples == 28 - 12
     assert (out / SHARD_INDEX_FILE).read_text().splitlines()[:3] == index_lines
     assert all((out / json.loads(line)["chunk"]).stat().st_mtime_ns == mtime for line, mtime in first_chunks.items())
@@ -158,11 +167,11 @@ def test_resume_after_a_crash_gives_the_same_content(tokenized, demo_model_dir, 
     assert (out / "complete.json").is_file()
     assert not [p for p in out.iterdir() if ".tmp" in p.name]
 
-    again = run_shard(make_job(tokenized, out, demo_model_dir, layers, batch_size=4, chunk_bytes=1))
+    again = run_shard(make_job(tokenized, out, dense_model_dir, layers, batch_size=4, chunk_bytes=1))
     assert again.report.samples == 0 and again.report.samples_skipped == 28  # nothing is redone
 
 
-def test_out_of_memory_splits_batches_and_loses_nothing(tokenized, demo_model_dir, tmp_path, monkeypatch):
+def test_out_of_memory_splits_batches_and_loses_nothing(tokenized, dense_model_dir, tmp_path, monkeypatch):
     original = Backbone.forward
 
     def small_device(self, input_ids, attention_mask):
@@ -173,7 +182,7 @@ def test_out_of_memory_splits_batches_and_loses_nothing(tokenized, demo_model_di
     monkeypatch.setattr(Backbone, "forward", small_device)
     messages = []
     result = run_shard(
-        make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4), batch_size=16, max_batch_tokens=100_000),
+        make_job(tokenized, tmp_path / "out", dense_model_dir, (1, 4), batch_size=16, max_batch_tokens=100_000),
         progress=messages.append,
     )
     assert result.report.oom_splits > 0
@@ -193,10 +202,10 @@ def test_a_single_sample_too_large_fails_clearly(tokenized, demo_model_dir, tmp_
         run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1,)))
 
 
-def test_changed_layers_under_existing_output_are_refused(tokenized, demo_model_dir, tmp_path):
-    run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4)))
+def test_changed_layers_under_existing_output_are_refused(tokenized, dense_model_dir, tmp_path):
+    run_shard(make_job(tokenized, tmp_path / "out", dense_model_dir, (1, 4)))
     with pytest.raises(StoreError, match=r"layer_ids: \[1, 4\] -> \[1, 3\].*Refusing to mix"):
-        run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3)))
+        run_shard(make_job(tokenized, tmp_path / "out", dense_model_dir, (1, 3)))
 
 
 def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
@@ -209,12 +218,12 @@ def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
     assert payload < result.totals["bytes"] < payload + tokens * 6 + 64 * 1024
 
 
-def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, demo_model_dir, tmp_path):
+def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir, tmp_path):
     """A crash between rename and index append leaves an orphan chunk; one during the append leaves a
     torn index line; one during a write leaves a temporary. A re-run removes all three and redoes
     exactly the uncommitted samples."""
     out = tmp_path / "out"
-    run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
+    run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
     clean = stored_samples(out)
     lines = (out / SHARD_INDEX_FILE).read_text().splitlines(keepends=True)
     last = json.loads(lines[-1])
@@ -223,7 +232,7 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, demo_model_dir, 
     (out / ".chunk-000099.safetensors.tmp-123").write_bytes(b"half a chunk")
     (out / "complete.json").unlink()
 
-    result = run_shard(make_job(tokenized, out, demo_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
+    result = run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
     assert result.report.samples == last["samples"]
     assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == []
     assert (out / SHARD_INDEX_FILE).read_text().endswith("\n") and len(
@@ -254,10 +263,10 @@ def test_flash_attention_without_the_package_is_a_clear_error(tokenized, demo_mo
         run_shard(make_job(tokenized, tmp_path / "out", demo_model_dir, (1,), attn_implementation="flash_attention_2"))
 
 
-def test_rerunning_a_complete_shard_loads_no_model(tokenized, demo_model_dir, tmp_path, monkeypatch):
+def test_rerunning_a_complete_shard_loads_no_model(tokenized, dense_model_dir, tmp_path, monkeypatch):
     from hsx_dagster.core.extraction import shard_run as shard_run_module
 
-    job = make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 3))
+    job = make_job(tokenized, tmp_path / "out", dense_model_dir, (1, 3))
     first = run_shard(job)
     chunks = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("chunk-*")}
 

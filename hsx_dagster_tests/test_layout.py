@@ -37,6 +37,7 @@ def test_nothing_under_the_core_imports_dagster():
     assert len(offenders) > 20  # the walk found the core's modules
 
 
+@pytest.mark.slow  # a subprocess that imports torch (the quick loop checks the core's imports statically)
 def test_the_reader_import_loads_no_dagster_transformers_jinja2_or_pydantic():
     code = (
         "import sys; from hsx_dagster import DrafterDataset; "

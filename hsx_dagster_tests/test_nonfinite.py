@@ -16,6 +16,7 @@ from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.chunk_writer import NonFiniteStatesError
 from hsx_dagster.core.storage.format import DRAFTER_QUARANTINE_FILE
 from hsx_dagster.core.storage.shard_store import read_quarantine
+from hsx_dagster_tests.sweeps import sweep
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_nan_fails_the_shard_naming_samples_and_layer_and_keeps_good_work(
     assert not (tmp_path / "out" / "complete.json").exists()
 
 
-@pytest.mark.parametrize("storage_dtype", ["bfloat16", "float8_e4m3"])
+@pytest.mark.parametrize("storage_dtype", sweep(["bfloat16", "float8_e4m3"], quick=["bfloat16"]))
 def test_quarantine_sets_samples_aside_with_a_reason(storage_dtype, poisoned, tokenized, demo_model_dir, tmp_path):
     out = tmp_path / "hidden_states" / "shard-00"
     result = run_shard(job(tokenized, out, demo_model_dir, nan_policy="quarantine", storage_dtype=storage_dtype))

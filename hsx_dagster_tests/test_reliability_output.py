@@ -207,6 +207,7 @@ def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, t
     assert coverage.passed, coverage.description  # every sample of the new tokenization, exactly once
 
 
+@pytest.mark.slow  # four Dagster runs (the quick loop tests on_mismatch on the core)
 def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_path):
     from hsx_dagster.assets.hidden_states import build_hidden_states
     from hsx_dagster.assets.tokenized import tokenized_dataset

@@ -119,7 +119,9 @@ def loaded_by_transformers(monkeypatch) -> list[tuple[str, object]]:
 
 
 @pytest.mark.parametrize(
-    "setting, expected", [("", False), ("  trust_remote_code: true\n", True)], ids=["unset", "true"]
+    "setting, expected",
+    [("", False), pytest.param("  trust_remote_code: true\n", True, marks=pytest.mark.slow)],  # the quick loop: unset
+    ids=["unset", "true"],
 )
 def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
     setting, expected, few_inputs, demo_model_dir, tmp_path, loaded_by_transformers

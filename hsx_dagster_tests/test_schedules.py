@@ -67,6 +67,7 @@ def pipeline(failing_shard_settings):
         )
 
 
+@pytest.mark.slow  # five runs and three ticks; the quick loop runs the retry that succeeds
 def test_retries_only_the_failed_shard_within_its_budget(pipeline):
     def run_shard_00(**tags):
         return materialize(

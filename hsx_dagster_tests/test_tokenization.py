@@ -108,6 +108,24 @@ def test_one_worker_is_one_core_and_the_environment_is_restored(tmp_path, demo_m
     assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
+def test_auto_workers_are_every_core_but_one_per_256_kb_of_input(tmp_path, demo_model_dir, monkeypatch):
+    """Starting a worker costs about as much as tokenising 100-200 KB: a small input runs in-process."""
+    monkeypatch.setattr(tokenization.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert tokenization.resolve_workers(None) == 8  # size unknown: every core
+    assert tokenization.resolve_workers(3, input_bytes=10) == 3  # a number given wins
+    kb = 1024
+    assert [tokenization.resolve_workers(None, n * kb) for n in (0, 255, 256, 600, 768, 10_000)] == [1, 1, 1, 2, 3, 8]
+    small = write_jsonl(tmp_path / "small.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(40)])
+    assert tokenize_dataset([small], demo_model_dir, tmp_path / "small", TokenizeOptions()).workers == 1
+    # 2 cores offered and 600 KB of input: two workers.
+    monkeypatch.setattr(tokenization.os, "sched_getaffinity", lambda pid: {0, 1})
+    padding = "words of a long answer " * 60
+    large = write_jsonl(tmp_path / "large.jsonl", [chat(f"q {i}", f"{padding}{i}") for i in range(450)])
+    assert 512 * kb < large.stat().st_size < 768 * kb
+    assert tokenize_dataset([large], demo_model_dir, tmp_path / "large", TokenizeOptions()).workers == 2
+
+
+@pytest.mark.slow  # the whole demo corpus (the quick loop tokenizes parts of it: agentic records, 28 chats)
 def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir, tmp_path):
     out = tmp_path / "tokenized"
     summary = tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(max_length=4096, shards=4))

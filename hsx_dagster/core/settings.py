@@ -59,8 +59,9 @@ class DatasetSettings(_Section):
     )
     tokenize_workers: int | Literal["auto"] = Field(
         "auto",
-        description="Processes that parse, render and tokenise conversations, one core each; auto: every core; "
-        "1: in the main process, on one core. The output is the same whatever the count",
+        description="Processes that parse, render and tokenise conversations, one core each; auto: every core, "
+        "but no more than one per 256 KB of input; 1: in the main process, on one core. The output is the same "
+        "whatever the count",
     )
 
     @field_validator("tokenize_workers", mode="before")

@@ -176,6 +176,7 @@ def check_parity(
     runs each sample unpadded and reads Hugging Face's ``output_hidden_states``, not the extraction's
     hooks. Its memory is released before this returns."""
     import gc
+    import weakref
 
     from hsx_dagster.core.extraction.backbone import decoder_layers, load_text_decoder
     from hsx_dagster.core.model_info import ModelInfo
@@ -243,9 +244,13 @@ def check_parity(
     finally:
         if hook is not None:
             hook.remove()
+        still_held = weakref.ref(model)
         del model, loaded
         last_layer_output.clear()
-        gc.collect()
+        if still_held() is not None:
+            # A reference cycle holds it (the first import of a model class leaves one): a full collection,
+            # which takes about a second in a large process, is needed only then.
+            gc.collect()
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     description = (

@@ -14,7 +14,8 @@ so a crash never leaves a half-written tokenized dataset in place; a folder that
 dataset is never replaced.
 
 Parsing, rendering and tokenising run in worker processes (``TokenizeOptions.workers``, setting
-``dataset.tokenize_workers``; None = every core, 1 = in this process). The main process only reads:
+``dataset.tokenize_workers``; None = every core, but no more than one per 256 KB of input, 1 = in this
+process). The main process only reads:
 it hands the records over in chunks as read (a JSON line still as bytes) and takes the results back
 in input order, so duplicates, rejects, sample order and the Parquet bytes are the same whatever the
 worker count.
@@ -79,6 +80,9 @@ BATCH_CONVERSATIONS = 512
 WORKER_CHUNK = 64  # records per task handed to a worker process
 WORKER_AHEAD = 3  # batches in flight per worker: the workers never wait for the reader
 WRITE_ROWS = 4096
+# `auto` starts one worker per this many bytes of input, up to every core: starting a worker (fork, pool,
+# first task) costs about as much as tokenising 100-200 KB on one core, so a small input runs in-process.
+AUTO_WORKER_BYTES = 256 * 1024
 TOKENIZER_THREADS_VARIABLE = "TOKENIZERS_PARALLELISM"  # the Rust tokenizer's thread pool, on unless "false"
 # Files of a Hugging Face tokenizer that decide how text becomes ids (hashed into the provenance).
 TOKENIZER_FILES = (
@@ -106,17 +110,21 @@ class TokenizeOptions:
     thinking: str = "keep"
     shards: int = 1
     trust_remote_code: bool = False
-    workers: int | None = None  # processes that render and tokenise; None: every core; 1: in this process
+    workers: int | None = None  # processes that render and tokenise; None: every core (fewer on a small input)
 
 
-def resolve_workers(workers: int | None) -> int:
-    """The worker count to use: ``workers``, or every core this process may run on."""
+def resolve_workers(workers: int | None, input_bytes: int | None = None) -> int:
+    """The worker count to use: ``workers`` when given; else every core this process may run on, but no more
+    than one per ``AUTO_WORKER_BYTES`` of input when its size is known."""
     if workers is not None:
         return max(1, int(workers))
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    if input_bytes is None:
+        return cores
+    return max(1, min(cores, input_bytes // AUTO_WORKER_BYTES))
 
 
 @dataclass
@@ -467,7 +475,7 @@ def _tokenize_into(
     per_input = {str(p): {"records": 0, "samples": 0, "rejects": 0, "bytes": Path(p).stat().st_size} for p in paths}
     loss_tokens = truncated = records = 0
     last_report = time.perf_counter()
-    workers = resolve_workers(options.workers)
+    workers = resolve_workers(options.workers, sum(entry["bytes"] for entry in per_input.values()))
     processor = _Processor(workers, tokenizer, markers, options, Path(model_path))
 
     with (
