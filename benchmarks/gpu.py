@@ -405,6 +405,27 @@ def matmul_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
 
 
+def _chosen_implementation(function):
+    """The function a transformers kernel wrapper calls: the ``implementation`` it closes over, found through
+    the ``kernels`` package's module wrapper (transformers 5.25 and later) and the closures in between."""
+    seen: set[int] = set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        if isinstance(function, torch.nn.Module):
+            function = type(function).forward
+        code = getattr(function, "__code__", None)
+        if code is None:
+            return function
+        closure = dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__ or ())))
+        if "implementation" in closure:
+            return closure["implementation"]
+        inner = closure.get("func")
+        if not callable(inner):
+            return function
+        function = inner
+    return function
+
+
 def linear_attention_kernel(model: torch.nn.Module) -> str | None:
     """Which implementation the Gated DeltaNet layers call: flash-linear-attention or PyTorch."""
     layer = next((m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
@@ -416,8 +437,7 @@ def linear_attention_kernel(model: torch.nn.Module) -> str | None:
         function = getattr(module, "torch_chunk_gated_delta_rule", None) or getattr(
             module, "chunk_gated_delta_rule", None
         )
-        closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
-        function = closure.get("implementation", function)
+        function = _chosen_implementation(function)
     origin = f"{getattr(function, '__module__', '?')}.{getattr(function, '__name__', '?')}"
     fla = importlib.util.find_spec("fla") is not None
     kind = "flash-linear-attention" if origin.startswith("fla") else "PyTorch reference path"
