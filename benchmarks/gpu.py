@@ -49,6 +49,7 @@ from benchmarks.report import table  # noqa: E402
 from hsx_dagster.core.extraction.backbone import BackboneInfo  # noqa: E402
 from hsx_dagster.core.extraction.engine import ExtractOptions  # noqa: E402
 from hsx_dagster.core.layers import resolve_layers  # noqa: E402
+from hsx_dagster.core.transformers_internals import attn_implementation_in_use  # noqa: E402
 
 LAYERS = "eagle3"
 MEAN_TOKENS = 335
@@ -340,7 +341,7 @@ def truncated_backbone(causal_lm: torch.nn.Module, layer_ids: list[int], device:
         include_final=False,
         compute_dtype=str(dtype).removeprefix("torch."),
         device=str(device),
-        attn_implementation=str(getattr(config, "_attn_implementation", None)),
+        attn_implementation=str(attn_implementation_in_use(config)),
         parameters=sum(p.numel() for p in backbone.parameters()),
     )
     return backbone, info

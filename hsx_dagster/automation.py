@@ -26,11 +26,11 @@ from dagster import (
     AutomationConditionSensorDefinition,
     AutomationContext,
     AutomationResult,
-    DagsterEventType,
     DefaultSensorStatus,
 )
 
-INPUTS = ("conversations", "target_model")
+from hsx_dagster.asset_keys import DRAFTER_DATASET, INPUTS
+from hsx_dagster.dagster_internals import latest_materialization_ids
 
 
 class ShardsNewerThanTarget(AutomationCondition):
@@ -61,9 +61,7 @@ class ShardsNewerThanTarget(AutomationCondition):
                 ready &= bool(records) and records[0].storage_id > since
                 continue
             keys = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
-            by_partition = instance.event_log_storage.get_latest_storage_id_by_partition(
-                parent, DagsterEventType.ASSET_MATERIALIZATION, set(keys)
-            )
+            by_partition = latest_materialization_ids(instance, parent, keys)
             ready &= all(by_partition.get(key, -1) > since for key in keys)
         true_subset = context.candidate_subset if ready else context.get_empty_subset()
         return AutomationResult(context=context, true_subset=true_subset)
@@ -91,7 +89,7 @@ def drafter_condition() -> AutomationCondition:
 def build_automation_sensor() -> AutomationConditionSensorDefinition:
     return AutomationConditionSensorDefinition(
         "hsx_automation",
-        target=AssetSelection.assets("drafter_dataset", *INPUTS),
+        target=AssetSelection.assets(DRAFTER_DATASET, *INPUTS),
         default_status=DefaultSensorStatus.RUNNING,
         use_user_code_server=True,  # ShardsNewerThanTarget is Python: evaluated where the code is
         minimum_interval_seconds=30,

@@ -9,6 +9,7 @@ import pyarrow as pa
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetKey,
     MetadataValue,
     TableColumn,
     TableRecord,
@@ -20,7 +21,7 @@ from hsx_dagster.core.extraction.size_estimate import format_bytes
 
 
 def check_result(
-    outcome: CheckOutcome, check_name: str | None = None, asset_key: str | None = None
+    outcome: CheckOutcome, check_name: str | None = None, asset_key: AssetKey | None = None
 ) -> AssetCheckResult:
     """``check_name`` and ``asset_key`` name the check when one step evaluates several."""
     return AssetCheckResult(

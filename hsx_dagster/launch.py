@@ -8,7 +8,8 @@ launch` only queues the run for the daemon. This command creates each run with i
 (`hsx_dagster.definitions`), hands it to the instance's run launcher (the same subprocess a UI
 launch gets, bypassing the queue, which needs the daemon), and waits for it: the runs show on the
 job's page and on each partition, with their blocking shard checks. Shards run one after another;
-the exit status is non-zero when any run failed or any shard's blocking check failed.
+the exit status is non-zero when any run failed or any shard's blocking check failed. Dagster has
+no public API for such a launch: it goes through `hsx_dagster.dagster_internals`.
 """
 
 from __future__ import annotations
@@ -20,18 +21,9 @@ import time
 from collections.abc import Sequence
 
 from dagster import AssetCheckEvaluation, DagsterEventType, DagsterInstance, DagsterRunStatus
-from dagster._cli.job import _create_run
-from dagster._cli.workspace.cli_target import (
-    WorkspaceOpts,
-    get_code_location_from_workspace,
-    get_remote_job_from_remote_repo,
-    get_remote_repository_from_code_location,
-    get_workspace_from_cli_opts,
-)
-from dagster._core.storage.dagster_run import FINISHED_STATUSES
-from dagster.version import __version__ as dagster_version
 
-from hsx_dagster.schedules import HIDDEN_STATES
+from hsx_dagster.asset_keys import HIDDEN_STATES
+from hsx_dagster.dagster_internals import code_location_job
 
 JOB = "hidden_states_shard"
 MODULE = "hsx_dagster.definitions"
@@ -46,32 +38,15 @@ def launch_shards(
 ) -> dict[str, DagsterRunStatus]:
     """One run of `hidden_states_shard` per shard, one after another; the final status of each."""
     results: dict[str, DagsterRunStatus] = {}
-    with get_workspace_from_cli_opts(
-        instance, version=dagster_version, workspace_opts=WorkspaceOpts(module_name=(MODULE,))
-    ) as workspace:
-        location = get_code_location_from_workspace(workspace, None)
-        repository = get_remote_repository_from_code_location(location, None)
-        job = get_remote_job_from_remote_repo(repository, JOB)
+    with code_location_job(instance, MODULE, JOB) as job:
         for shard in shards:
-            run = _create_run(
-                instance=instance,
-                code_location=location,
-                remote_repo=repository,
-                remote_job=job,
-                run_config=run_config or {},
-                tags={"dagster/partition": shard},
-                op_selection=None,
-                run_id=None,
-            )
-            say(f"{shard}: run {run.run_id} of {JOB}")
-            instance.launch_run(run.run_id, workspace)
-            while (
-                current := instance.get_run_by_id(run.run_id)
-            ) is not None and current.status not in FINISHED_STATUSES:
+            run_id = job.launch(run_config or {}, tags={"dagster/partition": shard})
+            say(f"{shard}: run {run_id} of {JOB}")
+            while (current := instance.get_run_by_id(run_id)) is not None and not current.is_finished:
                 time.sleep(poll_s)
             status = current.status if current else DagsterRunStatus.FAILURE
             results[shard] = status
-            failed_checks = _failed_checks(instance, run.run_id)
+            failed_checks = _failed_checks(instance, run_id)
             say(
                 f"{shard}: {status.value.lower()}"
                 + (f"; blocking checks failed: {', '.join(failed_checks)}" if failed_checks else "")

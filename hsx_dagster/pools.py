@@ -11,8 +11,9 @@ launches shards together. Once the row exists with the instance's default, steps
 import logging
 
 from dagster import DagsterInstance
-from dagster._core.storage.event_log.base import PoolLimit
 from sqlalchemy.exc import SQLAlchemyError
+
+from hsx_dagster.dagster_internals import initialize_pool_limit, pool_limit, supports_pool_limits
 
 GPU_POOL = "gpu"
 
@@ -25,21 +26,20 @@ def prepare_pool(
     Returns the pool's limit (None: the instance does not limit it). Safe to call from several
     processes at once: a process that loses the insert re-reads the row the winner wrote.
     """
-    storage = instance.event_log_storage
-    if not storage.supports_global_concurrency_limits:
+    if not supports_pool_limits(instance):
         return None
     default_limit = instance.get_concurrency_config().pool_config.default_pool_limit
-    current = _pool_limit(instance, pool)
+    current = pool_limit(instance, pool)
     if current is None:
         if default_limit is None:
             return None
         try:
-            storage.initialize_concurrency_limit_to_default(pool)
+            initialize_pool_limit(instance, pool)
         except SQLAlchemyError:
             # Another process inserted the row between our read and our insert: its row serves.
-            if _pool_limit(instance, pool) is None:
+            if pool_limit(instance, pool) is None:
                 raise
-        current = _pool_limit(instance, pool)
+        current = pool_limit(instance, pool)
         limit = current.limit if current else default_limit  # storages without a limits table keep none
         log.info(f"pool `{pool}`: limit {limit} (the instance's default)")
         return limit
@@ -52,7 +52,3 @@ def prepare_pool(
             f"(dagster-io/dagster#33552): run `dagster instance concurrency set {pool} {default_limit}`"
         )
     return current.limit
-
-
-def _pool_limit(instance: DagsterInstance, pool: str) -> PoolLimit | None:
-    return next((limit for limit in instance.event_log_storage.get_pool_limits() if limit.name == pool), None)

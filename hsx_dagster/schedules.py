@@ -21,7 +21,6 @@ from pathlib import Path
 import yaml
 from dagster import (
     AssetCheckKey,
-    AssetKey,
     AssetPartitionStatus,
     AssetRecordsFilter,
     AssetSelection,
@@ -35,13 +34,12 @@ from dagster import (
     define_asset_job,
     schedule,
 )
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-from dagster._core.storage.event_log.base import PartitionKeyFilter
 
+from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS
 from hsx_dagster.assets.shard_checks import SHARD_CHECKS
+from hsx_dagster.dagster_internals import failed_check_target_ids, failed_current_checks
 from hsx_dagster.pools import prepare_pool
 
-HIDDEN_STATES = AssetKey("hidden_states")
 RETRY_SHARD_TAG = "hsx/retry-of-shard"
 RETRY_ATTEMPT_TAG = "hsx/retry-attempt"
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
@@ -65,7 +63,7 @@ def build_observe_job():
     """Observes the inputs; run before tokenizing so every output records the input versions it was made from."""
     return define_asset_job(
         "observe_inputs",
-        selection=AssetSelection.assets("conversations", "target_model"),
+        selection=AssetSelection.assets(*INPUTS),
         description="Observe the conversation files and the model directory (content hashes).",
     )
 
@@ -131,13 +129,8 @@ def failed_shard_checks(instance, shards: Sequence[str]) -> dict[str, list[str]]
     """Shard -> its blocking checks whose latest evaluation failed on the shard's latest materialization."""
     keys = [AssetCheckKey(HIDDEN_STATES, name) for name in SHARD_CHECKS]
     failed: dict[str, list[str]] = {}
-    for info in instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=list(shards)):
-        if (
-            info.partition_key is not None
-            and info.latest_execution_status == AssetCheckExecutionRecordStatus.FAILED
-            and info.is_current
-        ):
-            failed.setdefault(info.partition_key, []).append(info.check_key.name)
+    for shard, name in failed_current_checks(instance, keys, shards):
+        failed.setdefault(shard, []).append(name)
     return {shard: sorted(names) for shard, names in failed.items()}
 
 
@@ -145,15 +138,7 @@ def _last_success(instance, shard: str, lookback: int = 100):
     """When the shard was last materialized with no blocking check failing on it (None if never)."""
     check_failed_targets = set()
     for name in SHARD_CHECKS:
-        for record in instance.event_log_storage.get_asset_check_execution_history(
-            AssetCheckKey(HIDDEN_STATES, name),
-            limit=lookback,
-            status={AssetCheckExecutionRecordStatus.FAILED},
-            partition_filter=PartitionKeyFilter(key=shard),
-        ):
-            evaluation = record.evaluation
-            if evaluation is not None and evaluation.target_materialization_data is not None:
-                check_failed_targets.add(evaluation.target_materialization_data.storage_id)
+        check_failed_targets |= failed_check_target_ids(instance, AssetCheckKey(HIDDEN_STATES, name), shard, lookback)
     result = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=HIDDEN_STATES, asset_partitions=[shard]), limit=lookback
     )

@@ -13,13 +13,11 @@ from dagster import (
     evaluate_automation_conditions,
     instance_for_test,
 )
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._time import get_current_datetime
 
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.dagster_internals import StaleStatus, stale_status
 from hsx_dagster.definitions import build_definitions
 
 DRAFTER = AssetKey("drafter_dataset")
@@ -71,19 +69,10 @@ class Project:
 
     def stale(self) -> dict[str, StaleStatus]:
         """What the UI shows as stale (the webserver uses the same resolver)."""
-        graph = self.defs.resolve_asset_graph()
-        view = AssetGraphView(
-            temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-            instance=self.instance,
-            asset_graph=graph,
-        )
-        resolver = CachingStaleStatusResolver(self.instance, graph, loading_context=view)
-        statuses = {
-            "tokenized_dataset": resolver.get_status(AssetKey("tokenized_dataset")),
-            "drafter_dataset": resolver.get_status(DRAFTER),
-        }
-        statuses.update({shard: resolver.get_status(AssetKey("hidden_states"), shard) for shard in SHARDS})
-        return statuses
+        names = ["tokenized_dataset", "drafter_dataset", *SHARDS]
+        keys = [(AssetKey("tokenized_dataset"), None), (DRAFTER, None)]
+        keys += [(AssetKey("hidden_states"), shard) for shard in SHARDS]
+        return dict(zip(names, stale_status(self.defs, self.instance, keys)))
 
 
 @pytest.fixture

@@ -234,7 +234,7 @@ def test_settings_default_to_auto_and_numbers_win(monkeypatch):
 def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path, monkeypatch, demo_root):
     """The settings file, HSX_EXTRACTION__*, and run config of the `gpu` resource (a Dagster Any field
     generated from `int | Literal['auto']`), validated by the settings model."""
-    from dagster import RunConfig
+    from dagster import RunConfig, validate_run_config
 
     from hsx_dagster.core.settings import load_settings
     from hsx_dagster.definitions import build_definitions
@@ -259,12 +259,7 @@ def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path
     job = defs.get_implicit_global_asset_job_def()
     for value in (64, "auto"):
         config = RunConfig(resources={"gpu": {"config": {"batch_size": value, "max_batch_tokens": value}}})
-        assert job.run_config_schema.config_type is not None
-        from dagster._config import process_config
-
-        result = process_config(job.run_config_schema.config_type, config.to_config_dict())
-        assert result.success, result.errors
-        resolved = result.value["resources"]["gpu"]["config"]
+        resolved = validate_run_config(job, config.to_config_dict())["resources"]["gpu"]["config"]
         assert GpuResource(**resolved).validated().batch_size == value
     from hsx_dagster.core.settings import SettingsError
 

@@ -15,6 +15,7 @@ from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
+from hsx_dagster.dagster_internals import pool_limits
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
@@ -78,7 +79,7 @@ def test_the_module_definitions_load_from_the_repo_settings():
 @pytest.mark.slow  # the whole demo corpus through Dagster (the quick loop materializes the asset on 28 conversations)
 def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings_file):
     with instance_for_test(overrides={"concurrency": {"pools": {"default_limit": 2}}}) as instance:
-        assert instance.event_log_storage.get_pool_limits() == []
+        assert pool_limits(instance) == []
         result = materialize(
             [tokenized_dataset, tokenized_dataset_consistent],
             resources={"settings": HsxSettings(path=str(settings_file))},
@@ -104,9 +105,7 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("tokenized_dataset_consistent", True)]
         # the extraction pool is set up before any shard claims it (hsx_dagster/pools.py)
-        assert [(p.name, p.limit, p.from_default) for p in instance.event_log_storage.get_pool_limits()] == [
-            ("gpu", 2, True)
-        ]
+        assert [(p.name, p.limit, p.from_default) for p in pool_limits(instance)] == [("gpu", 2, True)]
 
 
 def test_run_config_overrides_settings(small_corpus_settings_file):

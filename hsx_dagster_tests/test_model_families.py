@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import torch
@@ -36,6 +35,7 @@ from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_datas
 from hsx_dagster.core.model_info import text_weights_prefix, weight_names
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.core.storage.format import SHARD_FILE
+from hsx_dagster.core.transformers_internals import AttentionFlags
 from hsx_dagster_tests.release_checkpoints import FAMILIES, build_release, checkpoint_parameters
 from hsx_dagster_tests.sweeps import sweep
 
@@ -271,25 +271,13 @@ def test_an_attention_the_model_cannot_use_is_refused_before_loading(
     assert "values that work for GptOssModel on cpu: auto, eager" in message
 
 
-class _Decoder:
-    """Stand-ins for transformers model classes: only the class flags the resolution reads."""
-
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _compatible_flash_implementations: ClassVar[list[str] | None] = None
-
-
-class _SinksDecoder(_Decoder):  # gpt-oss: no sdpa, flash only with attention sinks
-    _supports_sdpa = False
-    _compatible_flash_implementations: ClassVar[list[str] | None] = [
-        "kernels-community/vllm-flash-attn3",
-        "flash_attention_4",
-    ]
-
-
-class _PlainDecoder(_Decoder):
-    _supports_sdpa = False
-    _supports_flash_attn = False
+# What three kinds of model class say they support (the flags the resolution reads; real classes' flags are read
+# in test_seams.py): sdpa and every flash variant; gpt-oss (no sdpa, flash only with attention sinks); neither.
+_Decoder = AttentionFlags("_Decoder", sdpa=True, flash=True)
+_SinksDecoder = AttentionFlags(
+    "_SinksDecoder", sdpa=False, flash=True, flash_variants=("kernels-community/vllm-flash-attn3", "flash_attention_4")
+)
+_PlainDecoder = AttentionFlags("_PlainDecoder", sdpa=False, flash=False)
 
 
 def test_auto_takes_the_fastest_attention_that_works(monkeypatch):

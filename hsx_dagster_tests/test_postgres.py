@@ -20,6 +20,7 @@ from dagster import AssetKey, AssetPartitionStatus, DagsterInstance, build_sched
 
 from hsx_dagster import pools
 from hsx_dagster.core.settings import load_settings
+from hsx_dagster.dagster_internals import pool_limits, set_pool_limit
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.pools import prepare_pool
 
@@ -155,11 +156,7 @@ def production_instance(postgres, tmp_path, monkeypatch):
 
 
 def pool_rows(instance, pool):
-    return [
-        (limit.limit, limit.from_default)
-        for limit in instance.event_log_storage.get_pool_limits()
-        if limit.name == pool
-    ]
+    return [(limit.limit, limit.from_default) for limit in pool_limits(instance) if limit.name == pool]
 
 
 def test_a_pool_is_prepared_once_when_processes_race_for_it(production_instance):
@@ -185,7 +182,7 @@ def test_a_pool_is_prepared_once_when_processes_race_for_it(production_instance)
 def test_the_process_that_loses_the_insert_reads_the_winners_row(production_instance, monkeypatch):
     log = logging.getLogger("race")
     assert prepare_pool(production_instance, log, pool="lost") == 8  # the winner
-    read_pool = pools._pool_limit
+    read_pool = pools.pool_limit
     reads = []
 
     def missing_at_first_read(instance, pool):
@@ -193,12 +190,12 @@ def test_the_process_that_loses_the_insert_reads_the_winners_row(production_inst
         return None if len(reads) == 1 else read_pool(instance, pool)
 
     # The loser read "no row" just before the winner inserted it, then inserts it again.
-    monkeypatch.setattr(pools, "_pool_limit", missing_at_first_read)
+    monkeypatch.setattr(pools, "pool_limit", missing_at_first_read)
     assert prepare_pool(production_instance, log, pool="lost") == 8
     assert pool_rows(production_instance, "lost") == [(8, True)]
 
 
 def test_an_explicit_pool_limit_is_left_alone(production_instance):
-    production_instance.event_log_storage.set_concurrency_slots("explicit", 3)
+    set_pool_limit(production_instance, "explicit", 3)
     assert prepare_pool(production_instance, logging.getLogger("pool"), pool="explicit") == 3
     assert pool_rows(production_instance, "explicit") == [(3, False)]

@@ -17,6 +17,7 @@ from dagster import (
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.settings import load_settings
+from hsx_dagster.dagster_internals import delete_pool_limit, pool_limits
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
@@ -109,11 +110,11 @@ def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
     )
     assert not failed.success
 
-    pipeline.instance.event_log_storage.delete_concurrency_limit("gpu")  # say, removed in the UI
+    delete_pool_limit(pipeline.instance, "gpu")  # say, removed in the UI
     (request,) = pipeline.tick().run_requests
     assert request.partition_key == "shard-00"
     # set up again before the retried shards start together (hsx_dagster/pools.py)
-    assert [(p.name, p.limit) for p in pipeline.instance.event_log_storage.get_pool_limits()] == [("gpu", 2)]
+    assert [(p.name, p.limit) for p in pool_limits(pipeline.instance)] == [("gpu", 2)]
     (pipeline.out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds
     rerun = materialize(
         [pipeline.hidden_states],

@@ -16,6 +16,7 @@ from dagster import (
     asset_check,
 )
 
+from hsx_dagster.asset_keys import DRAFTER_DATASET, HIDDEN_STATES, INPUTS
 from hsx_dagster.automation import drafter_condition
 from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.dataset.assembly import assemble
@@ -43,9 +44,10 @@ loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn
 
 
 @asset(
+    key=DRAFTER_DATASET,
     group_name="hsx",
     # the inputs too: Dagster's staleness is one hop, so an edited input marks the dataset stale at once
-    deps=[AssetDep("hidden_states", partition_mapping=AllPartitionMapping()), "conversations", "target_model"],
+    deps=[AssetDep(HIDDEN_STATES, partition_mapping=AllPartitionMapping()), *INPUTS],
     kinds={"parquet", "json"},
     automation_condition=drafter_condition(),  # follows once every shard is newer than it (automation.py)
     description="Global index, manifest and train/validation split over all hidden-state shards, "

@@ -13,6 +13,7 @@ from dagster import (
     multi_asset,
 )
 
+from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import sized
 from hsx_dagster.core.extraction.batch_shape import probe_table_markdown, shape_label
 from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
@@ -25,9 +26,9 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         name="extract_hidden_states",
         specs=[
             AssetSpec(
-                "hidden_states",
+                HIDDEN_STATES,
                 # the inputs too: Dagster's staleness is one hop, so an edited input marks every shard stale
-                deps=["tokenized_dataset", "conversations", "target_model"],
+                deps=[TOKENIZED_DATASET, *INPUTS],
                 partitions_def=partitions_def,
                 group_name="hsx",
                 kinds={"pytorch", "safetensors"},

@@ -20,6 +20,7 @@ from dagster import (
     observable_source_asset,
 )
 
+from hsx_dagster.asset_keys import CONVERSATIONS, TARGET_MODEL
 from hsx_dagster.checks import sized, table_value
 from hsx_dagster.core.extraction.size_estimate import format_bytes
 from hsx_dagster.core.fingerprints import CACHE_FILE, files_version, fingerprint_files, model_version
@@ -32,6 +33,7 @@ def build_input_assets() -> list:
     """`conversations` and `target_model` (built when the definitions load; the decorator is marked beta)."""
 
     @observable_source_asset(
+        key=CONVERSATIONS,
         group_name="hsx",
         required_resource_keys={"settings"},
         automation_condition=AutomationCondition.cron_tick_passed(OBSERVE_CRON),
@@ -66,6 +68,7 @@ def build_input_assets() -> list:
         )
 
     @observable_source_asset(
+        key=TARGET_MODEL,
         group_name="hsx",
         required_resource_keys={"settings"},
         automation_condition=AutomationCondition.cron_tick_passed(OBSERVE_CRON),

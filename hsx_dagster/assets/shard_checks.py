@@ -14,6 +14,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.checks import check_result
 from hsx_dagster.core.storage.shard_checks import (
     check_shard_coverage,
@@ -22,7 +23,6 @@ from hsx_dagster.core.storage.shard_checks import (
 )
 from hsx_dagster.resources import HsxSettings
 
-HIDDEN_STATES = "hidden_states"
 SHARD_CHECK_DESCRIPTIONS = {
     "shard_coverage": "Every tokenized sample of the shard committed or quarantined exactly once, nothing else, "
     "with the tokenized ids and loss mask beside its states; the shard marked complete.",

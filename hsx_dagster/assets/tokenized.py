@@ -18,6 +18,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.inputs.checks import check_tokenized
@@ -46,8 +47,9 @@ class TokenizeConfig(Config):
 
 
 @asset(
+    key=TOKENIZED_DATASET,
     group_name="hsx",
-    deps=["conversations", "target_model"],  # observable sources (assets/inputs.py): stale when they change
+    deps=INPUTS,  # observable sources (assets/inputs.py): stale when they change
     kinds={"parquet"},
     description="Conversations rendered with the target's chat template, tokenised, with assistant-only "
     "loss masks, balanced into shards by tokens; every rejected input recorded with a reason.",

@@ -35,6 +35,7 @@ from typing import Any, cast
 import torch
 
 from hsx_dagster.core.model_info import ModelDirError, check_model_dir, text_weights_prefix, weight_names
+from hsx_dagster.core.transformers_internals import AttentionFlags, attn_implementation_in_use
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def truncated_text_config(config: Any, keep: int) -> Any:
 def text_model_class(text_config: Any, model_path: Path, trust_remote_code: bool = False) -> type:
     """The class ``AutoModel`` builds for ``text_config`` (the bare text decoder), found without building it;
     with ``trust_remote_code``, the model's own ``AutoModel`` class when its config names one."""
-    from transformers import AutoModel
+    from transformers import MODEL_MAPPING  # what AutoModel builds for each config class
 
     auto_map = getattr(text_config, "auto_map", None) or {}
     if trust_remote_code and "AutoModel" in auto_map:
@@ -156,7 +157,7 @@ def text_model_class(text_config: Any, model_path: Path, trust_remote_code: bool
 
         return cast(type, get_class_from_dynamic_module(auto_map["AutoModel"], str(model_path)))
     try:
-        return cast(type, AutoModel._model_mapping[type(text_config)])
+        return cast(type, MODEL_MAPPING[type(text_config)])
     except KeyError:
         raise BackboneError(
             f"the installed transformers has no text model class for model_type {text_config.model_type!r}"
@@ -186,21 +187,21 @@ def _flash_usable(implementation: str) -> bool:
     return bool(check()) if check is not None else True
 
 
-def attention_support(model_class: type, device: torch.device, compute_dtype: torch.dtype) -> dict[str, str | None]:
-    """For every explicit implementation: None when it works for ``model_class`` on ``device`` in
-    ``compute_dtype``, else why not. Class flags and installed packages only: nothing is loaded."""
+def attention_support(flags: AttentionFlags, device: torch.device, compute_dtype: torch.dtype) -> dict[str, str | None]:
+    """For every explicit implementation: None when it works for the model class of ``flags`` on ``device``
+    in ``compute_dtype``, else why not. Class flags and installed packages only: nothing is loaded."""
     import transformers
 
-    name = model_class.__name__
+    name = flags.name
     reasons: dict[str, str | None] = {}
-    compatible = getattr(model_class, "_compatible_flash_implementations", None)
+    compatible = flags.flash_variants
     for implementation in ATTN_IMPLEMENTATIONS:
         reason: str | None = None
         if implementation == "sdpa":
-            if not getattr(model_class, "_supports_sdpa", False):
+            if not flags.sdpa:
                 reason = f"{name} has no sdpa attention in transformers {transformers.__version__}"
         elif implementation.startswith("flash_attention_"):
-            if not getattr(model_class, "_supports_flash_attn", False):
+            if not flags.flash:
                 reason = f"{name} has no flash-attention support in transformers {transformers.__version__}"
             elif compatible is not None and implementation not in compatible:
                 reason = f"{name} runs only these flash-attention variants: {', '.join(compatible)}"
@@ -220,12 +221,12 @@ def attention_support(model_class: type, device: torch.device, compute_dtype: to
 
 
 def resolve_attn_implementation(
-    requested: str, model_class: type, device: torch.device | str, compute_dtype: torch.dtype
+    requested: str, flags: AttentionFlags, device: torch.device | str, compute_dtype: torch.dtype
 ) -> str:
     """`auto`: the fastest implementation that works; an explicit one that cannot work raises, naming the
     setting and the values that work."""
     device = torch.device(device)
-    support = attention_support(model_class, device, compute_dtype)
+    support = attention_support(flags, device, compute_dtype)
     working = [name for name, reason in support.items() if reason is None]
     if requested == "auto":
         return working[0]  # eager always works
@@ -234,7 +235,7 @@ def resolve_attn_implementation(
     reason = support[requested]
     if reason is not None:
         raise BackboneError(
-            f"{ATTN_SETTING} is {requested} but {reason}; values that work for {model_class.__name__} on {device}: "
+            f"{ATTN_SETTING} is {requested} but {reason}; values that work for {flags.name} on {device}: "
             f"{', '.join(['auto', *working])} (auto picks {working[0]})"
         )
     return requested
@@ -280,7 +281,7 @@ def load_text_decoder(
         raise BackboneError(f"cannot keep {keep} of {num_layers} decoder layers")
     truncated = truncated_text_config(config, keep)
     model_class: Any = text_model_class(truncated, model_path, trust_remote_code)
-    attention = resolve_attn_implementation(attn_implementation, model_class, device, compute_dtype)
+    attention = resolve_attn_implementation(attn_implementation, AttentionFlags.of(model_class), device, compute_dtype)
     options: dict[str, Any] = {}
     prefix = text_weights_prefix(weight_names(model_path))
     if prefix is not None and prefix not in _NATIVE_PREFIXES:
@@ -319,7 +320,7 @@ def load_text_decoder(
         num_layers=num_layers,
         kept_layers=keep,
         hidden_size=int(text_config.hidden_size),
-        attn_implementation=str(getattr(model.config, "_attn_implementation", None) or attention),
+        attn_implementation=str(attn_implementation_in_use(model) or attention),
         parameters=sum(p.numel() for p in model.parameters()),
     )
 

@@ -1,0 +1,11 @@
+"""The pipeline's asset keys, declared once; every asset, check, job, schedule and sensor names them from here."""
+
+from dagster import AssetKey
+
+CONVERSATIONS = AssetKey("conversations")  # observable source: the files of dataset.paths
+TARGET_MODEL = AssetKey("target_model")  # observable source: the directory of model.path
+INPUTS = (CONVERSATIONS, TARGET_MODEL)
+REGENERATED_CONVERSATIONS = AssetKey("regenerated_conversations")
+TOKENIZED_DATASET = AssetKey("tokenized_dataset")
+HIDDEN_STATES = AssetKey("hidden_states")
+DRAFTER_DATASET = AssetKey("drafter_dataset")
