@@ -28,7 +28,7 @@ import pyarrow as pa
 from benchmarks.contestants import run_bare, run_pipeline
 from benchmarks.measure import Run, median, timed
 from benchmarks.report import table
-from hsx_dagster.core.extraction.engine import ExtractOptions
+from hsx_dagster.core.settings import ExtractionSettings
 
 # (rows, tokens): the sweep of the issue that made auto the default, on a 2-core CPU.
 CPU_SWEEP = ((64, 2048), (16, 8192), (32, 32768))
@@ -38,7 +38,7 @@ TARGET = 0.90
 @dataclass
 class ShapeJob:
     name: str  # "bare 2,048 x 64" or "pipeline auto"
-    options: ExtractOptions
+    options: ExtractionSettings
     runs: list[Run] = field(default_factory=list)
     repeats: int = 0
 
@@ -69,10 +69,11 @@ def measure_batch_shape(
 ) -> dict:
     """Interleaved rounds of bare at every sweep shape and the pipeline with default options."""
     jobs = [
-        ShapeJob(f"bare {tokens:,} x {rows}", ExtractOptions(batch_size=rows, max_batch_tokens=tokens))
+        ShapeJob(f"bare {tokens:,} x {rows}", ExtractionSettings(batch_size=rows, max_batch_tokens=tokens))
         for rows, tokens in sweep
     ]
-    jobs.append(ShapeJob("pipeline auto", ExtractOptions(chunk_bytes=chunk_bytes)))  # no batch settings at all
+    # no batch settings at all: both auto
+    jobs.append(ShapeJob("pipeline auto", ExtractionSettings(chunk_mb=chunk_bytes / 2**20)))
 
     def run(job: ShapeJob, table: pa.Table, out: Path):
         if execute is not None:

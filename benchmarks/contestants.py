@@ -21,7 +21,8 @@ from safetensors.torch import save_file
 
 from hsx_dagster.core.extraction.backbone import Backbone, BackboneInfo
 from hsx_dagster.core.extraction.batching import plan_batches
-from hsx_dagster.core.extraction.engine import ExtractOptions, extract_shard
+from hsx_dagster.core.extraction.engine import extract_shard
+from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.shard_store import ShardStore
 
 CONTESTANTS = ("naive", "bare", "pipeline")
@@ -48,7 +49,7 @@ def run_naive(
             save_file(tensors, str(out / f"{sample_id}.safetensors"))
 
 
-def run_bare(model: torch.nn.Module, samples: pa.Table, options: ExtractOptions) -> None:
+def run_bare(model: torch.nn.Module, samples: pa.Table, options: ExtractionSettings) -> None:
     """Forward passes over the pipeline's batches (same plan, same padding); nothing is kept."""
     device = next(model.parameters()).device
     rows = _rows(samples, "input_ids")
@@ -56,7 +57,7 @@ def run_bare(model: torch.nn.Module, samples: pa.Table, options: ExtractOptions)
         for batch in plan_batches(
             samples.column("num_tokens").to_numpy(), options.batch_size, options.max_batch_tokens
         ):
-            padded = np.full((len(batch.rows), batch.longest), options.pad_token_id, dtype=np.int64)
+            padded = np.zeros((len(batch.rows), batch.longest), dtype=np.int64)  # padding as the pipeline pads
             mask = np.zeros_like(padded)
             for k, row in enumerate(batch.rows):
                 padded[k, : len(rows[row])] = rows[row]
@@ -71,7 +72,7 @@ def run_bare(model: torch.nn.Module, samples: pa.Table, options: ExtractOptions)
 
 
 def run_pipeline(
-    model: torch.nn.Module, info: BackboneInfo, samples: pa.Table, options: ExtractOptions, out: Path
+    model: torch.nn.Module, info: BackboneInfo, samples: pa.Table, options: ExtractionSettings, out: Path
 ) -> dict:
     backbone = Backbone(model, info)  # hooks on for this run only, so `run_bare` on the same model captures nothing
     try:

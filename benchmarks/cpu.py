@@ -22,7 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +48,9 @@ from benchmarks.storage import (
 from benchmarks.tokenization import COLUMNS, measure_tokenization, measure_workers, render_workers
 from hsx_dagster.core.extraction.backbone import load_backbone
 from hsx_dagster.core.extraction.batching import padding_efficiency, plan_batches
-from hsx_dagster.core.extraction.engine import ExtractOptions
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.model_info import check_model_dir
+from hsx_dagster.core.settings import ExtractionSettings
 
 ID_MASK_BYTES = 5  # per token: input id (int32) and loss mask (uint8), stored with the states
 HEADLINE = "qwen3.6-shaped"  # the model the pipeline / naive target is about, and the memory runs use
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     load_start = os.getloadavg()
-    options = ExtractOptions(
-        batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_bytes=int(args.chunk_mb * 2**20)
+    options = ExtractionSettings(
+        batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_mb=args.chunk_mb
     )
 
     if args.batch_shape_only:
@@ -259,7 +260,7 @@ def _batch_shape_only(args, started: float, load_start) -> int:
         "machine": _machine(args.threads, load_start),
         "model": HEADLINE,
         "facts": model.facts,
-        "chunk_bytes": int(args.chunk_mb * 2**20),
+        "chunk_bytes": ExtractionSettings(chunk_mb=args.chunk_mb).chunk_bytes,
         "batch_shape": section,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
@@ -291,7 +292,7 @@ def _load(name: str, work: Path, hidden_size: int, naive: bool) -> Loaded:
 
     directory = build_model(name, work, hidden_size)
     facts = describe(name, directory)
-    backbone = load_backbone(directory, facts["layer_ids"])
+    backbone = load_backbone(check_model_dir(directory), facts["layer_ids"])
     backbone.close()  # hooks go on per pipeline run
     facts["kept_layers"] = backbone.info.kept_layers
     facts["backbone_parameters"] = backbone.info.parameters
@@ -303,7 +304,7 @@ def _measure(
     jobs: list[Job],
     loaded: dict[str, Loaded],
     samples: pa.Table,
-    options: ExtractOptions,
+    options: ExtractionSettings,
     work: Path,
     args,
     started: float,
@@ -356,7 +357,7 @@ def _affordable(
     return time.perf_counter() - started + seconds + rest + reserve < args.budget_s
 
 
-def _execute(job: Job, model: Loaded, samples: pa.Table, options: ExtractOptions, out: Path):
+def _execute(job: Job, model: Loaded, samples: pa.Table, options: ExtractionSettings, out: Path):
     if job.contestant == "naive":
         return run_naive(model.causal_lm, samples, model.facts["layer_ids"], out, torch.bfloat16)
     if job.contestant == "bare":
@@ -364,11 +365,11 @@ def _execute(job: Job, model: Loaded, samples: pa.Table, options: ExtractOptions
     return run_pipeline(model.backbone, model.info, samples, _with_dtype(options, job.dtype), out)
 
 
-def _with_dtype(options: ExtractOptions, dtype: str) -> ExtractOptions:
-    return replace(options, storage_dtype=dtype)
+def _with_dtype(options: ExtractionSettings, dtype: str) -> ExtractionSettings:
+    return options.model_copy(update={"storage_dtype": dtype})
 
 
-def _padding(table: pa.Table, options: ExtractOptions) -> float:
+def _padding(table: pa.Table, options: ExtractionSettings) -> float:
     lengths = table.column("num_tokens").to_numpy()
     return round(padding_efficiency(plan_batches(lengths, options.batch_size, options.max_batch_tokens)), 4)
 

@@ -47,8 +47,8 @@ from benchmarks.contestants import CONTESTANTS, run_bare, run_naive, run_pipelin
 from benchmarks.measure import tree_bytes  # noqa: E402
 from benchmarks.report import table  # noqa: E402
 from hsx_dagster.core.extraction.backbone import BackboneInfo  # noqa: E402
-from hsx_dagster.core.extraction.engine import ExtractOptions  # noqa: E402
 from hsx_dagster.core.layers import resolve_layers  # noqa: E402
+from hsx_dagster.core.settings import ExtractionSettings  # noqa: E402
 from hsx_dagster.core.transformers_internals import attn_implementation_in_use  # noqa: E402
 
 LAYERS = "eagle3"
@@ -352,14 +352,17 @@ LOAD_PROBE = """
 import json, resource, sys, time
 import torch
 import transformers  # imported (and the GPU context made) before the baseline: only the loading is measured
+from pathlib import Path
 from hsx_dagster.core.extraction.backbone import load_backbone
+from hsx_dagster.core.model_info import check_model_dir
 from hsx_dagster.core.storage.format import COMPUTE_DTYPES
 path, layer_ids, device, dtype = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 if device.startswith("cuda"):
     torch.zeros(1, device=device)
+model = check_model_dir(Path(path))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 started = time.perf_counter()
-backbone = load_backbone(path, layer_ids, device=device, compute_dtype=COMPUTE_DTYPES[dtype])
+backbone = load_backbone(model, layer_ids, device=device, compute_dtype=COMPUTE_DTYPES[dtype])
 if device.startswith("cuda"):
     torch.cuda.synchronize()
 seconds = time.perf_counter() - started
@@ -479,9 +482,9 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
     backbone, info = truncated_backbone(causal_lm, layer_ids, device, dtype)
     samples = make_samples(count, args.mean_tokens, config.vocab_size, args.seed)
     tokens = int(np.sum(samples.column("num_tokens").to_numpy()))
-    options = ExtractOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens)
+    options = ExtractionSettings(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens)
     sweep = {
-        f"bare {tokens:,} x {rows}": ExtractOptions(batch_size=rows, max_batch_tokens=tokens)
+        f"bare {tokens:,} x {rows}": ExtractionSettings(batch_size=rows, max_batch_tokens=tokens)
         for rows, tokens in (SMOKE_SWEEP if args.smoke else GPU_SWEEP)
     }
     names = (*CONTESTANTS, *sweep, "pipeline auto")
@@ -492,8 +495,8 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
     def execute(contestant: str, table: pa.Table, folder: Path):
         if contestant in sweep:
             return run_bare(backbone, table, sweep[contestant])  # noqa: F821
-        if contestant == "pipeline auto":  # ExtractOptions() has no batch settings: batch_size, max_batch_tokens auto
-            auto_reports.append(run_pipeline(backbone, info, table, ExtractOptions(), folder))  # noqa: F821
+        if contestant == "pipeline auto":  # the default settings: batch_size and max_batch_tokens auto
+            auto_reports.append(run_pipeline(backbone, info, table, ExtractionSettings(), folder))  # noqa: F821
             return auto_reports[-1]
         if contestant == "naive":
             return run_naive(causal_lm, table, layer_ids, folder, dtype)  # noqa: F821 (ruff misreads the del below)

@@ -21,13 +21,15 @@ from pathlib import Path
 from benchmarks.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from benchmarks.models import LAYERS, REPO, pick_samples, repeat_samples
 from hsx_dagster.core.extraction.backbone import load_backbone
-from hsx_dagster.core.extraction.engine import ExtractOptions, extract_shard
+from hsx_dagster.core.extraction.engine import extract_shard
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.layers import resolve_layers
+from hsx_dagster.core.model_info import check_model_dir
+from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.shard_store import ShardStore
 
 
-def measure_memory(model_dir: Path, tokenized: Path, samples: int, factor: int, options: ExtractOptions) -> dict:
+def measure_memory(model_dir: Path, tokenized: Path, samples: int, factor: int, options: ExtractionSettings) -> dict:
     runs = {}
     for times in (1, factor):
         command = [
@@ -58,10 +60,10 @@ def _child(args: argparse.Namespace) -> dict:
         args.tokenized, "shard-00", columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
     )
     samples = repeat_samples(pick_samples(table, args.samples, args.batch_size, args.max_batch_tokens), args.times)
-    config = json.loads((args.model / "config.json").read_text(encoding="utf-8"))
-    backbone = load_backbone(args.model, resolve_layers(LAYERS, config["num_hidden_layers"]))
-    options = ExtractOptions(
-        batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_bytes=args.chunk_bytes
+    model = check_model_dir(args.model)
+    backbone = load_backbone(model, resolve_layers(LAYERS, model.num_hidden_layers))
+    options = ExtractionSettings(
+        batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, chunk_mb=args.chunk_bytes / 2**20
     )
     loaded = rss_bytes()
     resettable = reset_peak_rss()

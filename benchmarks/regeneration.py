@@ -34,8 +34,9 @@ from pathlib import Path
 
 import httpx
 
-from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend, OpenAIOptions
-from hsx_dagster.core.regenerate.run import RegenerateOptions, regenerate
+from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend
+from hsx_dagster.core.regenerate.run import regenerate
+from hsx_dagster.core.settings import RegenerateSettings
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL = REPO / "data" / "models" / "tiny-qwen3_5"
@@ -120,16 +121,18 @@ def cpu_busy_share(seconds: float = 1.0) -> float:
 
 
 def run_level(url: str, model: Path, inputs: Path, level: int, max_tokens: int, work: Path) -> dict:
-    options = RegenerateOptions(turns="last", max_tokens=max_tokens, temperature=0.0, chunk_conversations=64)
-    backend = OpenAIBackend(
-        OpenAIOptions(endpoints=(url,), concurrency=level, request_timeout_s=600),
-        model,
+    options = RegenerateSettings(
+        endpoints=[url],
+        concurrency=level,
+        request_timeout_s=600,
+        turns="last",
         max_tokens=max_tokens,
         temperature=0.0,
         top_p=1.0,
         seed=0,
-        chat_template_kwargs={},
+        chunk_conversations=64,
     )
+    backend = OpenAIBackend(options, model)
     out = work / f"{inputs.parent.name}-c{level}"
     shutil.rmtree(out, ignore_errors=True)
     load_before = os.getloadavg()[0]

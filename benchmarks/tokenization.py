@@ -33,7 +33,8 @@ from unittest import mock
 from benchmarks.measure import median, timed
 from benchmarks.models import demo_inputs, demo_model
 from hsx_dagster.core.inputs import tokenization
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import tokenize_dataset
+from hsx_dagster.core.settings import DatasetSettings, ModelSettings
 
 REPO = Path(__file__).resolve().parents[1]
 THREADED = "1, tokenizer threads on"  # the reference contestant's label
@@ -44,7 +45,12 @@ AGENTIC_SHARE = 0.2  # of the generated corpus
 def measure_tokenization(out_dir: Path, repetitions: int) -> dict:
     """Tokenise the demo ``repetitions`` times into ``out_dir`` (one shard), the last run stays there."""
     runs = [
-        tokenize_dataset(demo_inputs(), demo_model(), out_dir, TokenizeOptions(shards=1, workers=1))
+        tokenize_dataset(
+            DatasetSettings(paths=demo_inputs(), tokenize_workers=1),
+            ModelSettings(path=demo_model()),
+            out_dir,
+            shards=1,
+        )
         for _ in range(repetitions)
     ]
     last = runs[-1]
@@ -164,7 +170,8 @@ def one_run(corpus: Path, out: Path, label: str) -> dict:
     )
     children = _children_cpu()
     with threads:
-        run = timed(lambda: tokenize_dataset([corpus], model, out, TokenizeOptions(workers=count)))
+        dataset = DatasetSettings(paths=[corpus], tokenize_workers=count)
+        run = timed(lambda: tokenize_dataset(dataset, ModelSettings(path=model), out, shards=1))
     # The workers are this run's, not other processes: their CPU (reaped at the pool's shutdown) moves over.
     workers_cpu = _children_cpu() - children
     others = None if run.others_cores is None else max(0.0, run.others_cores - workers_cpu / run.seconds)

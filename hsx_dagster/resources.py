@@ -6,15 +6,18 @@ from hsx.yaml (and its ``HSX_*`` environment overrides) when the definitions loa
 
 `GpuResource`'s fields are generated from `ExtractionSettings`, the settings file's ``extraction``
 section: one declaration (names, defaults, descriptions), so a new extraction setting reaches run
-config without being written twice. Values are validated by the settings model's own rules.
+config without being written twice. Values are validated by the settings model's own rules. The same
+generator (`resource_fields`) makes `GeneratorResource` from ``regenerate`` and the run config of
+`tokenized_dataset` from three ``dataset`` keys.
 """
 
 from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from dagster import ConfigurableResource
 from pydantic import BaseModel, Field, ValidationError, create_model
@@ -27,6 +30,8 @@ from hsx_dagster.core.settings import (
     SettingsError,
     load_settings,
 )
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
 
 
 class HsxSettings(ConfigurableResource):
@@ -60,15 +65,35 @@ def config_type(annotation: Any) -> Any:
     return annotation
 
 
-def resource_fields(model: type[BaseModel]) -> dict[str, Any]:
-    """``create_model`` field definitions mirroring ``model``'s fields as Dagster config."""
+def resource_fields(
+    model: type[BaseModel], names: Sequence[str] | None = None, *, overrides: bool = False
+) -> dict[str, Any]:
+    """``create_model`` field definitions mirroring ``model``'s fields (``names``, default all) as Dagster
+    config: type, default and description from the settings model. ``overrides``: every field optional with
+    default None, meaning "as the settings file says"."""
     fields: dict[str, Any] = {}
     for name, field in model.model_fields.items():
+        if names is not None and name not in names:
+            continue
+        kind = config_type(field.annotation)
+        if overrides:
+            fields[name] = (kind | None, Field(None, description=field.description))
+            continue
         default = field.get_default(call_default_factory=True)
         if isinstance(default, Path):
             default = str(default)
-        fields[name] = (config_type(field.annotation), Field(default, description=field.description))
+        fields[name] = (kind, Field(default, description=field.description))
     return fields
+
+
+def validated(model: type[SectionT], values: dict[str, Any], what: str) -> SectionT:
+    """``values`` checked by the settings model's own rules (run config bypasses the file); a `SettingsError`
+    naming ``what`` and each bad key otherwise."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors())
+        raise SettingsError(f"{what}: {problems}") from None
 
 
 class _GpuResourceBase(ConfigurableResource):
@@ -78,11 +103,8 @@ class _GpuResourceBase(ConfigurableResource):
 
     def validated(self) -> ExtractionSettings:
         """These values checked by the same rules as the settings file (run config bypasses the file)."""
-        try:
-            return ExtractionSettings(**self.model_dump(include=set(ExtractionSettings.model_fields)))
-        except ValidationError as exc:
-            problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors())
-            raise SettingsError(f"resource `gpu` config: {problems}") from None
+        values = self.model_dump(include=set(ExtractionSettings.model_fields))
+        return validated(ExtractionSettings, values, "resource `gpu` config")
 
 
 if typing.TYPE_CHECKING:  # the checker sees the methods; the fields come from ExtractionSettings at run time
@@ -108,11 +130,8 @@ class _GeneratorResourceBase(ConfigurableResource):
 
     def validated(self) -> RegenerateSettings:
         """These values checked by the same rules as the settings file (run config bypasses the file)."""
-        try:
-            return RegenerateSettings(enabled=True, **self.model_dump(include=set(RegenerateSettings.model_fields)))
-        except ValidationError as exc:
-            problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors())
-            raise SettingsError(f"resource `generator` config: {problems}") from None
+        values = {**self.model_dump(include=set(RegenerateSettings.model_fields)), "enabled": True}
+        return validated(RegenerateSettings, values, "resource `generator` config")
 
 
 if typing.TYPE_CHECKING:  # the fields come from RegenerateSettings at run time, as for GpuResource

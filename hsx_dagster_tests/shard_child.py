@@ -19,8 +19,9 @@ with contextlib.suppress(ImportError):  # the demo model's architecture, likewis
     import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401
 
 from hsx_dagster.core.extraction.backbone import Backbone, decoder_layers
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.extraction.shard_run import run_shard
 from hsx_dagster.core.storage import atomic, format, shard_store
+from hsx_dagster_tests.helpers import shard_job
 
 NOT_KILLED = 3  # exit status when the run finished without reaching its kill point
 
@@ -104,5 +105,5 @@ def run_and_kill(job: dict, point: str, at: int) -> None:
         shard_store.ShardStore.commit = commit
     else:
         raise ValueError(f"unknown kill point {point!r}")
-    run_shard(ShardJob(**job))
+    run_shard(shard_job(**job))
     os._exit(NOT_KILLED)

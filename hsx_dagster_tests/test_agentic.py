@@ -23,12 +23,11 @@ from hsx_dagster.core.inputs.chat_template import SampleRejected, TemplateMarker
 from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason, iter_records
 from hsx_dagster.core.inputs.tokenization import (
     TokenizedSummary,
-    TokenizeOptions,
     read_rejects,
-    tokenize_dataset,
 )
 from hsx_dagster.core.storage.format import tokenized_shard_file
 from hsx_dagster.demo.build import AGENTIC_PATH, AGENTIC_SHAREGPT_PATH
+from hsx_dagster_tests.helpers import tokenize
 from hsx_dagster_tests.sweeps import densities, every_nth
 
 REAL_SHAREGPT = Path("/work/shared/data/sharegpt_dummy_conversation.json")
@@ -160,9 +159,7 @@ def samples_of(out: Path, summary: TokenizedSummary) -> list[dict]:
 
 def check_every_sample(tokenizer, model_dir: Path, paths: list[Path], out: Path, thinking: str, workers: int = 1):
     """Tokenise ``paths`` and check every sample against the template and the expected turns."""
-    summary = tokenize_dataset(
-        paths, model_dir, out, TokenizeOptions(max_length=1_000_000, thinking=thinking, workers=workers)
-    )
+    summary = tokenize(paths, model_dir, out, max_length=1_000_000, thinking=thinking, workers=workers)
     records = {str(path): source_records(path) for path in paths}
     rows = samples_of(out, summary)
     assert len(rows) == summary.samples == sum(len(r) for r in records.values()), read_rejects(out).to_pylist()[:3]
@@ -266,8 +263,8 @@ def test_plain_chat_and_real_sharegpt_still_exact_with_workers(demo_paths, demo_
     paths = list(demo_paths)
     if REAL_SHAREGPT.is_file():
         paths.append(REAL_SHAREGPT)
-    one = tokenize_dataset(paths, demo_model_dir, tmp_path / "one", TokenizeOptions(max_length=1_000_000, workers=1))
-    two = tokenize_dataset(paths, demo_model_dir, tmp_path / "two", TokenizeOptions(max_length=1_000_000, workers=2))
+    one = tokenize(paths, demo_model_dir, tmp_path / "one", max_length=1_000_000, workers=1)
+    two = tokenize(paths, demo_model_dir, tmp_path / "two", max_length=1_000_000, workers=2)
     assert two.workers == 2 and one.workers == 1
     for entry in one.shards:
         first, second = (
@@ -285,8 +282,8 @@ def test_plain_chat_and_real_sharegpt_still_exact_with_workers(demo_paths, demo_
 
 @pytest.mark.slow  # two passes over the agentic corpus (the quick loop compares workers on every reject reason)
 def test_agentic_output_identical_with_two_workers(agentic_paths, demo_model_dir, tmp_path):
-    one = tokenize_dataset(agentic_paths, demo_model_dir, tmp_path / "one", TokenizeOptions(workers=1))
-    two = tokenize_dataset(agentic_paths, demo_model_dir, tmp_path / "two", TokenizeOptions(workers=2))
+    one = tokenize(agentic_paths, demo_model_dir, tmp_path / "one", workers=1)
+    two = tokenize(agentic_paths, demo_model_dir, tmp_path / "two", workers=2)
     assert one.samples == two.samples > 0
     for entry in one.shards:
         files = [tokenized_shard_file(d, entry["shard"]).read_bytes() for d in (tmp_path / "one", tmp_path / "two")]
@@ -351,7 +348,7 @@ def test_ignored_fields_counted_per_reason(tmp_path, demo_model_dir):
         {"id": "x", "messages": [{"role": "user", "content": "e"}, {"role": "assistant", "content": "f"}]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions(workers=1))
+    summary = tokenize([path], demo_model_dir, tmp_path / "out", workers=1)
     # Counted per conversation; null fields carry nothing and identifiers are not template input.
     assert summary.ignored_fields == {"message_field:weight": 2, "record_field:source": 1}
     assert summary.samples == 3
@@ -376,11 +373,11 @@ def test_same_files_as_another_tokenizer_class_are_recorded_and_reported(demo_mo
         json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n"
     )
     out = tmp_path / "out"
-    first = tokenize_dataset([inputs], models["qwen2"], out, TokenizeOptions(workers=1))
+    first = tokenize([inputs], models["qwen2"], out, workers=1)
     assert first.tokenizer["class"] == "Qwen2Tokenizer"
     assert first.tokenizer["transformers_version"] == transformers.__version__
     messages: list[str] = []
-    second = tokenize_dataset([inputs], models["gpt2"], out, TokenizeOptions(workers=1), progress=messages.append)
+    second = tokenize([inputs], models["gpt2"], out, workers=1, progress=messages.append)
     assert second.tokenizer["class"] == "GPT2Tokenizer"
     assert second.tokenizer["files_sha256"] == first.tokenizer["files_sha256"]
     assert "class 'Qwen2Tokenizer' -> 'GPT2Tokenizer'" in second.tokenizer["changed"]
@@ -409,7 +406,7 @@ def test_every_example_record_in_the_docs_is_accepted_and_exact(demo_model_dir, 
     assert len(examples) == 6
     path = tmp_path / "examples.jsonl"
     path.write_text("\n".join(examples) + "\n", encoding="utf-8")
-    summary = tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions(workers=1))
+    summary = tokenize([path], demo_model_dir, tmp_path / "out", workers=1)
     assert summary.samples == 6 and summary.rejects == {} and summary.ignored_fields == {}
     for row in samples_of(tmp_path / "out", summary):
         messages, tools = openai_form(json.loads(examples[row["source_index"]]))

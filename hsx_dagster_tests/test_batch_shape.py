@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.batch_shape import (
     BUDGET_FRACTION,
@@ -24,14 +25,14 @@ from hsx_dagster.core.extraction.batch_shape import (
     BatchShaper,
     Lap,
     Shape,
-    parse_knob,
 )
 from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
 from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
-from hsx_dagster_tests.test_extraction import make_job, reference_states, stored_samples
+from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.test_extraction import job_keys, make_job, reference_states, stored_samples
 
 CPU = torch.device("cpu")
 
@@ -218,8 +219,8 @@ def test_a_window_of_slow_batches_is_needed_before_reprobing():
 
 
 @pytest.mark.parametrize("value, expected", [("auto", None), ("AUTO", None), (None, None), (64, 64), ("64", 64)])
-def test_parse_knob(value, expected):
-    assert parse_knob(value) == expected
+def test_parse_auto_or_positive(value, expected):
+    assert parse_auto_or_positive(value) == expected
 
 
 def test_settings_default_to_auto_and_numbers_win(monkeypatch):
@@ -273,17 +274,17 @@ def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path
 @pytest.fixture(scope="module")
 def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tok-auto") / "tokenized"
-    tokenize_dataset([small_inputs], demo_model_dir, out, TokenizeOptions(shards=1, max_length=1024))
+    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
     return out
 
 
-def auto_job(tokenized, out, model, layers, **overrides):
-    job = make_job(tokenized, out, model, layers, **overrides)
+def auto_keys(tokenized, out, model, layers, **overrides) -> dict:
     fields = {"batch_size": "auto", "max_batch_tokens": "auto", "probe_budget": 1.0}  # 1.0: always probe
-    fields.update({k: v for k, v in overrides.items() if k in fields})
-    from dataclasses import replace
+    return job_keys(tokenized, out, model, layers, **{**fields, **overrides})
 
-    return replace(job, **fields)
+
+def auto_job(tokenized, out, model, layers, **overrides):
+    return shard_job(**auto_keys(tokenized, out, model, layers, **overrides))
 
 
 def test_an_auto_run_stores_what_a_fixed_shape_run_stores(tokenized, demo_model_dir, tmp_path):
@@ -413,14 +414,12 @@ def test_an_auto_run_killed_during_the_probe_resumes_without_losing_or_duplicati
     re-run probes again on what is left and never redoes a committed sample."""
     import multiprocessing
     import signal
-    from dataclasses import asdict
 
-    from hsx_dagster.core.extraction.shard_run import ShardJob
     from hsx_dagster.core.storage.shard_store import read_index
     from hsx_dagster_tests import shard_child
 
     out = tmp_path / "shard-00"
-    job = {k: v for k, v in asdict(auto_job(tokenized, out, demo_model_dir, (1, 3), chunk_bytes=1)).items()}
+    job = auto_keys(tokenized, out, demo_model_dir, (1, 3), chunk_bytes=1)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hsx_dagster_tests.shard_child"])
     child = context.Process(target=shard_child.run_and_kill, args=(job, "forward", 3))  # warm-up, I, then C
@@ -430,7 +429,7 @@ def test_an_auto_run_killed_during_the_probe_resumes_without_losing_or_duplicati
     committed = sum(record.samples for record in read_index(out))
     assert len(read_index(out)) == 2 and 0 < committed < 28
 
-    result = run_shard(ShardJob(**job))
+    result = run_shard(shard_job(**job))
     assert result.report.samples_skipped == committed and result.report.samples == 28 - committed
     assert result.report.batch_shape["mode"] == "auto"
     stored = stored_samples(out)  # asserts no sample is stored twice

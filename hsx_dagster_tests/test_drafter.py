@@ -16,9 +16,9 @@ from hsx_dagster import DrafterDataset, collate_drafter_batch
 from hsx_dagster.core.dataset.assembly import assemble, split_of
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics, check_parity
 from hsx_dagster.core.dataset.reader import DatasetError
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.extraction.shard_run import run_shard
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE as SHARD_INDEX
+from hsx_dagster_tests.helpers import shard_job, tokenize
 from hsx_dagster_tests.sweeps import sweep
 
 LAYERS = (1, 4, 7)  # 7 is the demo model's last layer: its raw output, not Hugging Face's normed one
@@ -28,10 +28,10 @@ SHARDS = ("shard-00", "shard-01")
 @pytest.fixture(scope="module")
 def dataset_root(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pipeline")
-    tokenize_dataset([small_inputs], demo_model_dir, out / "tokenized", TokenizeOptions(shards=2, max_length=1024))
+    tokenize([small_inputs], demo_model_dir, out / "tokenized", shards=2, max_length=1024)
     for index, shard in enumerate(SHARDS):
         run_shard(
-            ShardJob(
+            shard_job(
                 shard=shard,
                 shard_index=index,
                 tokenized_dir=out / "tokenized",

@@ -14,36 +14,38 @@ import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError
+from hsx_dagster_tests.helpers import shard_job, tokenize
 from hsx_dagster_tests.sweeps import sweep
 
 
 @pytest.fixture(scope="module")
 def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tokenized"
-    tokenize_dataset([small_inputs], demo_model_dir, out, TokenizeOptions(shards=1, max_length=1024))
+    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
     return out
 
 
-def make_job(tokenized: Path, out: Path, model: Path, layers, **overrides) -> ShardJob:
-    settings = dict(
-        shard="shard-00",
-        shard_index=0,
+def job_keys(tokenized: Path, out: Path, model: Path, layers, **overrides) -> dict:
+    """This module's shard job as flat settings keys (see helpers.shard_job)."""
+    keys = dict(
         tokenized_dir=tokenized,
         output_dir=out,
         model_path=model,
         layer_ids=tuple(layers),
-        devices=("cpu",),
         storage_dtype="float32",
         batch_size=8,
         max_batch_tokens=4096,
         chunk_bytes=256 * 1024,
     )
-    settings.update(overrides)
-    return ShardJob(**settings)
+    return {**keys, **overrides}
+
+
+def make_job(tokenized: Path, out: Path, model: Path, layers, **overrides) -> ShardJob:
+    return shard_job(**job_keys(tokenized, out, model, layers, **overrides))
 
 
 _REFERENCES: dict = {}

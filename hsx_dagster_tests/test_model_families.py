@@ -31,7 +31,7 @@ from hsx_dagster.core.extraction.backbone import (
     resolve_attn_implementation,
 )
 from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import tokenize_dataset
 from hsx_dagster.core.model_info import text_weights_prefix, weight_names
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.core.storage.format import SHARD_FILE
@@ -93,14 +93,7 @@ def write_settings(folder: Path, inputs: Path, model_dir: Path, **sections) -> S
 
 def run_pipeline(settings: Settings) -> list[ShardResult]:
     """What the three assets do, in order, with these settings."""
-    options = TokenizeOptions(
-        max_length=settings.dataset.max_length,
-        min_loss_tokens=settings.dataset.min_loss_tokens,
-        thinking=settings.dataset.thinking,
-        shards=settings.shards,
-        trust_remote_code=settings.model.trust_remote_code,
-    )
-    tokenize_dataset(settings.dataset.paths, settings.model.path, settings.tokenized_dir, options)
+    tokenize_dataset(settings.dataset, settings.model, settings.tokenized_dir, shards=settings.shards)
     results = [run_shard(ShardJob.from_settings(settings, shard)) for shard in settings.shard_keys]
     assemble(
         settings.tokenized_dir,
@@ -263,7 +256,7 @@ def test_an_attention_the_model_cannot_use_is_refused_before_loading(
     settings = write_settings(
         tmp_path, family_inputs, release_dirs("gpt_oss"), extraction={"attn_implementation": "sdpa"}
     )
-    tokenize_dataset(settings.dataset.paths, settings.model.path, settings.tokenized_dir, TokenizeOptions())
+    tokenize_dataset(settings.dataset, settings.model, settings.tokenized_dir, shards=settings.shards)
     with pytest.raises(BackboneError) as refused:
         run_shard(ShardJob.from_settings(settings, "shard-00"))
     message = str(refused.value)

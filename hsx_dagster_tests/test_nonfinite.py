@@ -11,18 +11,19 @@ from hsx_dagster.core.dataset.assembly import assemble
 from hsx_dagster.core.dataset.checks import check_coverage
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.chunk_writer import NonFiniteStatesError
 from hsx_dagster.core.storage.format import DRAFTER_QUARANTINE_FILE
 from hsx_dagster.core.storage.shard_store import read_quarantine
+from hsx_dagster_tests.helpers import shard_job, tokenize
 from hsx_dagster_tests.sweeps import sweep
 
 
 @pytest.fixture(scope="module")
 def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("nan-tok") / "tokenized"
-    tokenize_dataset([small_inputs], demo_model_dir, out, TokenizeOptions(shards=1, max_length=1024))
+    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
     return out
 
 
@@ -48,7 +49,7 @@ def poisoned(tokenized, monkeypatch) -> dict[int, str]:
 
 
 def job(tokenized: Path, out: Path, model: Path, **overrides) -> ShardJob:
-    return ShardJob(
+    return shard_job(
         **{
             **dict(
                 shard="shard-00",

@@ -28,8 +28,8 @@ from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_co
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary
 from hsx_dagster.core.regenerate.checks import check_regenerated
 from hsx_dagster.core.regenerate.local_backend import LocalBackend
-from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend, OpenAIOptions
-from hsx_dagster.core.regenerate.run import RegenerateOptions, RegenerationError, regenerate
+from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend
+from hsx_dagster.core.regenerate.run import RegenerationError, regenerate
 from hsx_dagster.core.regenerate.store import COMMITS_FILE, RegenStore, part_file, read_jsonl
 from hsx_dagster.core.regenerate.turns import (
     ConversationJob,
@@ -40,7 +40,7 @@ from hsx_dagster.core.regenerate.turns import (
     iter_inputs,
     split_reasoning,
 )
-from hsx_dagster.core.settings import RegenerateSettings, SettingsError, load_settings
+from hsx_dagster.core.settings import ExtractionSettings, RegenerateSettings, SettingsError, load_settings
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
@@ -73,7 +73,7 @@ TOOL_CONVERSATION = [
 
 
 def test_all_turns_in_order_on_the_regenerated_history_and_tool_calls_kept():
-    job = ConversationJob(source(TOOL_CONVERSATION), "all")
+    job = ConversationJob(source(TOOL_CONVERSATION), "all", "keep")
     assert job.pending == [2, 4, 6]
     assert [m["role"] for m in job.prompt()] == ["system", "user"]
     own_call = '<tool_call>{"name": "other"}</tool_call>'
@@ -97,7 +97,7 @@ def test_all_turns_in_order_on_the_regenerated_history_and_tool_calls_kept():
 
 
 def test_last_turn_only_keeps_the_original_history():
-    job = ConversationJob(source(TOOL_CONVERSATION), "last")
+    job = ConversationJob(source(TOOL_CONVERSATION), "last", "keep")
     assert job.pending == [6]
     assert job.prompt() == TOOL_CONVERSATION[:6]
 
@@ -109,7 +109,7 @@ def test_truncated_kept_or_rejected_and_empty_responses_fail():
     rejected = ConversationJob(source(TOOL_CONVERSATION), "last", on_truncated="reject")
     rejected.accept(Generated("cut he", None, "length", 16))
     assert rejected.failure.reason == FailureReason.TRUNCATED and rejected.truncated_turns == 1
-    empty = ConversationJob(source(TOOL_CONVERSATION), "last")
+    empty = ConversationJob(source(TOOL_CONVERSATION), "last", "keep")
     empty.accept(Generated("  ", None, "stop", 1))
     assert empty.failure.reason == FailureReason.EMPTY_RESPONSE
     assert empty.failure_record()["reason"] == "empty_response" and "messages[6]" in empty.failure_record()["detail"]
@@ -168,9 +168,9 @@ def test_consolidation_accounts_for_duplicates_parser_rejects_and_failures(tmp_p
     items = list(iter_inputs([inputs]))
     assert isinstance(items[1], InputReject) and items[0].id == items[2].id
     with RegenStore(tmp_path / "regen", {}) as store:
-        job = ConversationJob(items[0], "all")
+        job = ConversationJob(items[0], "all", "keep")
         job.accept(Generated("hey", None, "stop", 2))
-        failed = ConversationJob(items[3], "all")
+        failed = ConversationJob(items[3], "all", "keep")
         failed.fail(FailureReason.SERVER_ERROR, "HTTP 500 after 4 tries")
         store.commit([job.record()], [failed.failure_record()])
         result = store.consolidate(iter_inputs([inputs]))
@@ -236,9 +236,9 @@ def free_port() -> int:
 
 def test_an_unreachable_endpoint_fails_before_any_work_naming_the_url(tmp_path, demo_model_dir, demo_paths):
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    backend = OpenAIBackend(OpenAIOptions(endpoints=(url,), connect_timeout_s=2), demo_model_dir, **SAMPLING)
+    backend = OpenAIBackend(RegenerateSettings(endpoints=[url], connect_timeout_s=2, **SAMPLING), demo_model_dir)
     with pytest.raises(RegenerationError, match=rf"{url}: cannot reach the server"):
-        regenerate(demo_paths[1:], demo_model_dir, tmp_path / "regen", RegenerateOptions(), backend)
+        regenerate(demo_paths[1:], demo_model_dir, tmp_path / "regen", RegenerateSettings(), backend)
     assert not (tmp_path / "regen").exists()  # nothing was started
 
 
@@ -246,8 +246,10 @@ def test_an_unreachable_endpoint_fails_before_any_work_naming_the_url(tmp_path, 
 
 
 def local_backend(model_dir, tmp_path, batch_size=8, **sampling) -> LocalBackend:
-    return LocalBackend(model_dir, devices=["cpu"], compute_dtype="float32", lock_dir=tmp_path / "locks", wait_s=0,
-                        owner="test", batch_size=batch_size, **{**SAMPLING, **sampling})  # fmt: skip
+    options = RegenerateSettings(batch_size=batch_size, **{**SAMPLING, **sampling})
+    extraction = ExtractionSettings(devices=["cpu"], compute_dtype="float32", device_lock_dir=tmp_path / "locks",
+                                    device_wait_s=0)  # fmt: skip
+    return LocalBackend(options, extraction, model_dir, owner="test")
 
 
 def few_conversations(demo_conversations, tmp_path, count) -> Path:
@@ -260,7 +262,7 @@ def few_conversations(demo_conversations, tmp_path, count) -> Path:
 
 def test_local_backend_regenerates_and_a_rerun_regenerates_nothing(tmp_path, demo_model_dir, demo_conversations):
     inputs = few_conversations(demo_conversations, tmp_path, 6)
-    options = RegenerateOptions(max_tokens=8, temperature=0.0, chunk_conversations=4)
+    options = RegenerateSettings(max_tokens=8, temperature=0.0, chunk_conversations=4)
     lines: list[str] = []
     summary = regenerate([inputs], demo_model_dir, tmp_path / "regen", options,
                          local_backend(demo_model_dir, tmp_path, max_tokens=8), lines.append)  # fmt: skip
@@ -283,12 +285,13 @@ CHILD = """
 import sys
 from pathlib import Path
 from hsx_dagster.core.regenerate.local_backend import LocalBackend
-from hsx_dagster.core.regenerate.run import RegenerateOptions, regenerate
+from hsx_dagster.core.regenerate.run import regenerate
+from hsx_dagster.core.settings import ExtractionSettings, RegenerateSettings
 inputs, model, out = map(Path, sys.argv[1:4])
-backend = LocalBackend(model, devices=["cpu"], compute_dtype="float32", lock_dir=out.parent / "locks", wait_s=0,
-                       owner="child", batch_size=2, max_tokens=24, temperature=0.0, top_p=1.0, seed=0,
-                       chat_template_kwargs={})
-regenerate([inputs], model, out, RegenerateOptions(max_tokens=24, temperature=0.0, chunk_conversations=2), backend)
+options = RegenerateSettings(batch_size=2, max_tokens=24, temperature=0.0, top_p=1.0, seed=0, chunk_conversations=2)
+extraction = ExtractionSettings(devices=["cpu"], compute_dtype="float32", device_lock_dir=out.parent / "locks",
+                                device_wait_s=0)
+regenerate([inputs], model, out, options, LocalBackend(options, extraction, model, owner="child"))
 """
 
 
@@ -316,7 +319,7 @@ def test_a_killed_run_resumes_without_regenerating_or_losing_anything(tmp_path, 
     before = commits(out)
     done_before = {i for entry in before for i in entry["ok"] + entry["failed"]}
     assert 4 <= len(done_before) < 16
-    options = RegenerateOptions(max_tokens=24, temperature=0.0, chunk_conversations=2)
+    options = RegenerateSettings(max_tokens=24, temperature=0.0, chunk_conversations=2)
     summary = regenerate([inputs], demo_model_dir, out, options,
                          local_backend(demo_model_dir, tmp_path, batch_size=2, max_tokens=24))  # fmt: skip
     assert summary["run"]["already_committed"] == len(done_before)
@@ -375,9 +378,9 @@ def server(tmp_path, demo_model_dir):
 
 def openai_backend(url, model_dir, *, concurrency=2, retries=1, **sampling) -> OpenAIBackend:
     urls = (url,) if isinstance(url, str) else tuple(url)
-    options = OpenAIOptions(endpoints=urls, concurrency=concurrency, retries=retries, backoff_s=0.1,
-                            request_timeout_s=120)  # fmt: skip
-    return OpenAIBackend(options, model_dir, **{**SAMPLING, **sampling})
+    options = RegenerateSettings(endpoints=list(urls), concurrency=concurrency, retries=retries, backoff_s=0.1,
+                                 request_timeout_s=120, **{**SAMPLING, **sampling})  # fmt: skip
+    return OpenAIBackend(options, model_dir)
 
 
 def run_in_thread(target):
@@ -400,7 +403,7 @@ def test_openai_backend_server_killed_mid_run_then_restarted_resumes_exactly_onc
 ):
     inputs = few_conversations(demo_conversations, tmp_path, 36)
     out = tmp_path / "regen"
-    options = RegenerateOptions(max_tokens=24, temperature=0.0, chunk_conversations=4)
+    options = RegenerateSettings(max_tokens=24, temperature=0.0, chunk_conversations=4)
     thread, outcome = run_in_thread(
         lambda: regenerate(
             [inputs], demo_model_dir, out, options, openai_backend(server.url, demo_model_dir, max_tokens=24)
@@ -443,7 +446,7 @@ def test_a_dead_endpoint_leaves_rotation_and_the_other_finishes(tmp_path, demo_m
     try:
         second.start()
         out = tmp_path / "regen"
-        options = RegenerateOptions(max_tokens=24, temperature=0.0, chunk_conversations=2)
+        options = RegenerateSettings(max_tokens=24, temperature=0.0, chunk_conversations=2)
         backend = openai_backend([first.url, second.url], demo_model_dir, max_tokens=24)
         thread, outcome = run_in_thread(lambda: regenerate([inputs], demo_model_dir, out, options, backend))
         deadline = time.monotonic() + 240
@@ -471,9 +474,9 @@ def test_a_server_serving_another_model_is_refused_naming_the_url(
 ):
     backend = openai_backend(server.url, dense_model_dir)  # the target is the tiny Llama; the server has Qwen3.5
     with pytest.raises(RegenerationError, match=rf"{server.url} serves .*tiny-qwen3_5.*not the target model"):
-        regenerate(demo_paths[1:], dense_model_dir, tmp_path / "regen", RegenerateOptions(), backend)
+        regenerate(demo_paths[1:], dense_model_dir, tmp_path / "regen", RegenerateSettings(), backend)
     named = openai_backend(server.url, demo_model_dir)
-    named.options = OpenAIOptions(endpoints=(server.url,), served_model="Qwen/Qwen3-8B")
+    named.options = RegenerateSettings(endpoints=[server.url], served_model="Qwen/Qwen3-8B")
     with pytest.raises(RegenerationError, match=rf"{server.url} serves .*accepted names: \['Qwen/Qwen3-8B'\]"):
         named.preflight()
 
@@ -483,7 +486,7 @@ def test_openai_and_local_backends_agree_at_temperature_zero(tmp_path, server, d
     """The same prompts (turns: last, the original history) through the server and in-process, greedy.
     The local backend runs one conversation per batch, as the server does, so no padding is involved."""
     inputs = few_conversations(demo_conversations, tmp_path, 20)
-    options = RegenerateOptions(turns="last", max_tokens=24, temperature=0.0, chunk_conversations=8)
+    options = RegenerateSettings(turns="last", max_tokens=24, temperature=0.0, chunk_conversations=8)
     remote = regenerate([inputs], demo_model_dir, tmp_path / "remote", options,
                         openai_backend(server.url, demo_model_dir, concurrency=4, max_tokens=24))  # fmt: skip
     local = regenerate([inputs], demo_model_dir, tmp_path / "local", options,

@@ -20,12 +20,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.storage import atomic as atomic_module
 from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SHARD_FILE, SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests import shard_child
+from hsx_dagster_tests.helpers import shard_job, tokenize
 
 pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
 
@@ -35,7 +36,7 @@ CHUNK_BYTES = 250_000  # about one batch of four samples: several chunks per sha
 @pytest.fixture(scope="module")
 def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("crash") / "tokenized"
-    tokenize_dataset([small_inputs], demo_model_dir, out, TokenizeOptions(shards=1, max_length=256))
+    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=256)
     return out
 
 
@@ -106,7 +107,7 @@ def assert_lock_free(out: Path) -> None:
 def reference(tokenized, demo_model_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("uninterrupted") / "shard-00"
     with one_thread():
-        run_shard(ShardJob(**job_for(tokenized, out, demo_model_dir)))
+        run_shard(shard_job(**job_for(tokenized, out, demo_model_dir)))
     assert len(read_index(out)) >= 4, "the crash tests need several chunks"
     return stored_bytes(out)
 
@@ -154,7 +155,7 @@ def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(
     committed = sum(record.samples for record in read_index(out))
 
     with one_thread():
-        result = run_shard(ShardJob(**job))
+        result = run_shard(shard_job(**job))
     assert result.report.samples_skipped == committed  # committed work is never redone
     assert result.report.samples == len(reference) - committed
     assert_clean_and_equal(out, reference)
@@ -183,7 +184,7 @@ def test_disk_full_while_writing_a_chunk_is_named_and_leaves_nothing_half_writte
 
     monkeypatch.setattr(atomic_module, "open", open_on_a_filling_disk, raising=False)
     with one_thread(), pytest.raises(StoreError) as failure:
-        run_shard(ShardJob(**job))
+        run_shard(shard_job(**job))
     message = str(failure.value)
     assert f"{out / 'chunk-000001.safetensors'}: no space left on device" in message and "run again" in message
     assert [path.name for path in out.iterdir() if ".tmp" in path.name] == []  # the temporary was removed
@@ -192,7 +193,7 @@ def test_disk_full_while_writing_a_chunk_is_named_and_leaves_nothing_half_writte
 
     monkeypatch.undo()  # space was freed
     with one_thread():
-        result = run_shard(ShardJob(**job))
+        result = run_shard(shard_job(**job))
     assert result.report.samples_skipped == read_index(out)[0].samples
     assert_clean_and_equal(out, reference)
     assert json.loads((out / COMPLETE_FILE).read_text())["samples"] == len(reference)

@@ -20,12 +20,11 @@ from hsx_dagster.core.inputs.chat_template import TemplateError
 from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
 from hsx_dagster.core.inputs.tokenization import (
     TokenizedDataError,
-    TokenizeOptions,
     read_rejects,
     read_tokenized_shard,
-    tokenize_dataset,
 )
 from hsx_dagster.core.settings import SettingsError, check_shard_key, load_settings
+from hsx_dagster_tests.helpers import tokenize
 
 CORPUS = Path(__file__).parent / "data" / "bad_inputs"
 MAX_LENGTH = 64
@@ -102,7 +101,7 @@ def corpus_run(huge_message, demo_model_dir, tmp_path_factory):
     """Every record-level case tokenized in one run, as one dataset of many files."""
     paths = [corpus_file(case.file, huge_message) for case in RECORD_CASES]
     out = tmp_path_factory.mktemp("corpus") / "tokenized"
-    summary = tokenize_dataset(paths, demo_model_dir, out, TokenizeOptions(max_length=MAX_LENGTH, shards=1))
+    summary = tokenize(paths, demo_model_dir, out, max_length=MAX_LENGTH, shards=1)
     return summary, read_rejects(out).to_pylist(), read_tokenized_shard(out, "shard-00").to_pylist()
 
 
@@ -147,7 +146,7 @@ def test_unreadable_file_is_named_before_the_tokenizer_loads(name, message, demo
     monkeypatch.setattr(tokenization, "load_tokenizer", lambda *a, **k: pytest.fail("the tokenizer was loaded"))
     path = CORPUS / name
     with pytest.raises(InputFileError, match=message) as failure:
-        tokenize_dataset([CORPUS / "duplicate.jsonl", path], demo_model_dir, tmp_path / "out", TokenizeOptions())
+        tokenize([CORPUS / "duplicate.jsonl", path], demo_model_dir, tmp_path / "out")
     assert str(failure.value).startswith(f"{path}: ")
     assert not (tmp_path / "out").exists()
 
@@ -168,7 +167,7 @@ def test_damage_found_while_reading_names_the_file_and_the_place(name, message, 
     """A file that breaks part-way fails the whole tokenization (no partial dataset is kept)."""
     path = CORPUS / name
     with pytest.raises(InputFileError, match=message) as failure:
-        tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions())
+        tokenize([path], demo_model_dir, tmp_path / "out")
     assert str(failure.value).startswith(f"{path}: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no staging folder left behind
 
@@ -236,7 +235,7 @@ def test_model_directory_without_a_tokenizer_says_what_is_missing(project, tmp_p
     with pytest.raises(
         TemplateError, match=r"model: cannot load the tokenizer \(.*\); the model directory needs .*tokenizer.json"
     ):
-        tokenize_dataset([project / "in.jsonl"], project / "model", tmp_path / "out", TokenizeOptions())
+        tokenize([project / "in.jsonl"], project / "model", tmp_path / "out")
 
 
 def test_a_folder_that_is_not_a_tokenized_dataset_is_never_replaced(project, demo_model_dir):
@@ -246,7 +245,7 @@ def test_a_folder_that_is_not_a_tokenized_dataset_is_never_replaced(project, dem
     with pytest.raises(
         TokenizedDataError, match=f"{target} exists and is not a tokenized dataset.*refusing to replace it"
     ):
-        tokenize_dataset([project / "in.jsonl"], demo_model_dir, target, TokenizeOptions())
+        tokenize([project / "in.jsonl"], demo_model_dir, target)
     assert (target / "my-notes.txt").read_text() == "not ours"
 
 

@@ -23,9 +23,10 @@ from hsx_dagster.core.dataset.assembly import AssemblyError, assemble
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
 from hsx_dagster.core.dataset.reader import DatasetError
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizedDataError, TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import TokenizedDataError
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
+from hsx_dagster_tests.helpers import shard_job, tokenize
 
 LAYERS = (1, 3)
 
@@ -45,11 +46,11 @@ def job(root: Path, shard: str, model: Path, **overrides) -> ShardJob:
         chunk_bytes=40_000,
     )
     settings.update(overrides)
-    return ShardJob(**settings)
+    return shard_job(**settings)
 
 
-def tokenize(root: Path, inputs: Path, model: Path, shards: int) -> None:
-    tokenize_dataset([inputs], model, root / "tokenized", TokenizeOptions(shards=shards, max_length=64))
+def tokenize_into(root: Path, inputs: Path, model: Path, shards: int) -> None:
+    tokenize([inputs], model, root / "tokenized", shards=shards, max_length=64)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_sha
     few_inputs, demo_model_dir, tmp_path
 ):
     root = tmp_path
-    tokenize(root, few_inputs, demo_model_dir, shards=1)
+    tokenize_into(root, few_inputs, demo_model_dir, shards=1)
     first = run_shard(job(root, "shard-00", demo_model_dir))
     folder = root / "hidden_states" / "shard-00"
     before = files_of(folder)
@@ -120,7 +121,7 @@ def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_sha
 def test_a_changed_description_is_recorded_not_refused(few_inputs, demo_model_dir, tmp_path):
     """shard.json's descriptive keys (the model's description, the preset name) do not define the states: a
     shard written before they existed, or the same ids named by preset instead of as a list, resumes."""
-    tokenize(tmp_path, few_inputs, demo_model_dir, shards=1)
+    tokenize_into(tmp_path, few_inputs, demo_model_dir, shards=1)
     folder = tmp_path / "hidden_states" / "shard-00"
     first = run_shard(job(tmp_path, "shard-00", demo_model_dir))
     provenance = json.loads((folder / "shard.json").read_text())
@@ -146,7 +147,7 @@ def test_masks_changed_under_the_same_ids_are_refused(few_inputs, demo_model_dir
     from hsx_dagster.core.dataset.assembly import shard_status
     from hsx_dagster.core.storage.format import tokenized_shard_file
 
-    tokenize(tmp_path, few_inputs, demo_model_dir, shards=1)
+    tokenize_into(tmp_path, few_inputs, demo_model_dir, shards=1)
     run_shard(job(tmp_path, "shard-00", demo_model_dir))
     assert shard_status(tmp_path / "hidden_states", ["shard-00"], tmp_path / "tokenized") == {"shard-00": "complete"}
     file = tokenized_shard_file(tmp_path / "tokenized", "shard-00")
@@ -163,7 +164,7 @@ def test_masks_changed_under_the_same_ids_are_refused(few_inputs, demo_model_dir
 
 def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, tmp_path):
     root = tmp_path
-    tokenize(root, few_inputs, demo_model_dir, shards=2)
+    tokenize_into(root, few_inputs, demo_model_dir, shards=2)
     for shard in shard_keys(2):
         run_shard(job(root, shard, demo_model_dir))
     assemble(root / "tokenized", root / "hidden_states", shard_keys(2), root / "drafter", val_fraction=0.1, settings={})
@@ -182,7 +183,7 @@ def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, t
     assert not (root / "hidden_states" / "shard-02").exists()  # refused before anything was written
 
     # Now re-tokenized into 3 shards: the old shards were made from other samples.
-    tokenize(root, few_inputs, demo_model_dir, shards=3)
+    tokenize_into(root, few_inputs, demo_model_dir, shards=3)
     with pytest.raises(
         StoreError,
         match=r"tokenized_sha256: .*re-tokenized with other inputs, dataset settings or shard "
@@ -253,7 +254,7 @@ def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_pat
 @pytest.fixture(scope="module")
 def assembled(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("assembled")
-    tokenize(root, small_inputs, demo_model_dir, shards=1)
+    tokenize_into(root, small_inputs, demo_model_dir, shards=1)
     run_shard(job(root, "shard-00", demo_model_dir))
     assemble(root / "tokenized", root / "hidden_states", ["shard-00"], root / "drafter", val_fraction=0.1, settings={})
     assert len(read_index(root / "hidden_states" / "shard-00")) >= 3

@@ -16,8 +16,8 @@ import torch
 from hsx_dagster import DrafterDataset, collate_drafter_batch
 from hsx_dagster.core.dataset.assembly import assemble
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster_tests.helpers import shard_job, tokenize
 
 REPO = Path(__file__).resolve().parents[1]
 PICKLE_PROTOCOL_MARK = b"\x80"  # the first byte of every pickle since protocol 2
@@ -51,11 +51,9 @@ def test_nothing_on_the_data_path_unpickles(few_inputs, demo_model_dir, tmp_path
         monkeypatch.setattr(owner, name, _refuse)
     monkeypatch.setattr(pickle, "Unpickler", _RefusingUnpickler)
 
-    summary = tokenize_dataset(
-        [few_inputs], demo_model_dir, tmp_path / "tokenized", TokenizeOptions(shards=1, max_length=64)
-    )
+    summary = tokenize([few_inputs], demo_model_dir, tmp_path / "tokenized", shards=1, max_length=64)
     run_shard(
-        ShardJob(
+        shard_job(
             shard="shard-00",
             shard_index=0,
             tokenized_dir=tmp_path / "tokenized",

@@ -3,7 +3,10 @@ from pathlib import Path
 
 import pytest
 
+from hsx_dagster.core import settings_reference
 from hsx_dagster.core.settings import SettingsError, load_settings, shard_keys
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -127,3 +130,15 @@ def test_retry_cron_is_checked(project):
         load_settings(write(project, BASE + "operations:\n  retry_cron: '0 */2 * * mon-fri'\n")).operations.max_retries
         == 3
     )
+
+
+def test_the_reference_table_in_the_docs_is_generated_from_the_declarations():
+    """Each setting is declared once (type, default, description); docs/configuration.md shows that declaration."""
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert settings_reference.with_table(text) == text, (
+        "docs/configuration.md's settings table differs from hsx_dagster/core/settings.py: "
+        f"run `{settings_reference.COMMAND}`"
+    )
+    keys = [key for key, _, _ in settings_reference.rows()]
+    assert "extraction.batch_size" in keys and "regenerate.retry_failed" in keys and "extraction" not in keys
+    assert all(meaning for _, _, meaning in settings_reference.rows())  # every key says what it means

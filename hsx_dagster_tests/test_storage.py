@@ -15,11 +15,13 @@ from hsx_dagster.core.extraction import shard_run as shard_run_module
 from hsx_dagster.core.extraction import size_estimate
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
 from hsx_dagster.core.extraction.size_estimate import InsufficientDiskError, StoredShape, estimate_bytes
-from hsx_dagster.core.inputs.tokenization import TokenizeOptions, read_tokenized_shard, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import FP8_DTYPE, FP8_MAX, block_size_for, dequantize, quantize
 from hsx_dagster.core.storage.shard_store import StoreError
+from hsx_dagster_tests.helpers import shard_job, tokenize
 from hsx_dagster_tests.sweeps import sweep
 
 # The dense tiny model (6 layers): storage is about the bytes, and it computes them 2.3x faster than the hybrid.
@@ -86,7 +88,7 @@ def test_block_scales_protect_channels_beside_massive_activations():
 @pytest.fixture(scope="module")
 def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("storage-tok") / "tokenized"
-    tokenize_dataset([small_inputs], demo_model_dir, out, TokenizeOptions(shards=1, max_length=1024))
+    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
     return out
 
 
@@ -105,7 +107,7 @@ def make_job(tokenized: Path, out: Path, model: Path, storage_dtype: str, **over
         max_batch_tokens=4096,
         chunk_bytes=300_000,
     )
-    return ShardJob(**{**settings, **overrides})
+    return shard_job(**{**settings, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +212,7 @@ def test_estimate_matches_the_bytes_written_within_one_percent(
 ):
     table = read_tokenized_shard(tokenized, "shard-00", columns=["num_tokens"])
     tokens, samples = int(table.column("num_tokens").to_numpy().sum()), table.num_rows
-    shape = StoredShape.of_model(dense_model_dir, LAYERS, include_final)
+    shape = StoredShape.of_model(ModelInfo.read(dense_model_dir), LAYERS, include_final)
     for dtype in STORAGE_DTYPES:
         if include_final:
             folder = runs[dtype] / "hidden_states" / "shard-00"

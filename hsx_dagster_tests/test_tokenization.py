@@ -11,11 +11,10 @@ from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
 from hsx_dagster.core.inputs.tokenization import (
     SAMPLE_SCHEMA,
     TokenizedSummary,
-    TokenizeOptions,
     read_rejects,
     read_tokenized_shard,
-    tokenize_dataset,
 )
+from hsx_dagster_tests.helpers import tokenize
 
 
 def chat(*turns):
@@ -51,7 +50,7 @@ def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_
     path = write_jsonl(tmp_path / "in.jsonl", good + bad)
     out = tmp_path / "tokenized"
     # Two workers: the lines are parsed in the worker processes, and every reject still comes back.
-    summary = tokenize_dataset([path], demo_model_dir, out, TokenizeOptions(min_loss_tokens=10, shards=2, workers=2))
+    summary = tokenize([path], demo_model_dir, out, min_loss_tokens=10, shards=2, workers=2)
 
     rejects = read_rejects(out).to_pylist()
     by_reason = {r["reason"]: r for r in rejects}
@@ -79,9 +78,7 @@ def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_
     assert summary.rejects == {reason: 1 for reason in sorted(expected)}
     assert summary.inputs[0]["records"] == len(good) + len(bad)
     # In one process, the same rejects and samples, byte for byte.
-    in_process = tokenize_dataset(
-        [path], demo_model_dir, tmp_path / "one", TokenizeOptions(min_loss_tokens=10, shards=2, workers=1)
-    )
+    in_process = tokenize([path], demo_model_dir, tmp_path / "one", min_loss_tokens=10, shards=2, workers=1)
     assert in_process.workers == 1 and summary.workers == 2
     for name in ("rejects.parquet", "samples/shard-00.parquet", "samples/shard-01.parquet"):
         assert (tmp_path / "one" / name).read_bytes() == (out / name).read_bytes(), name
@@ -100,11 +97,11 @@ def test_one_worker_is_one_core_and_the_environment_is_restored(tmp_path, demo_m
 
     monkeypatch.setattr(tokenization, "tokenize_rendered", spy)
     path = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"an answer to question {i}") for i in range(5)])
-    tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions(workers=1))
+    tokenize([path], demo_model_dir, tmp_path / "out", workers=1)
     assert during and set(during) == {"false"}
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
     monkeypatch.delenv("TOKENIZERS_PARALLELISM")
-    tokenize_dataset([path], demo_model_dir, tmp_path / "out", TokenizeOptions(workers=1))
+    tokenize([path], demo_model_dir, tmp_path / "out", workers=1)
     assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
@@ -116,19 +113,19 @@ def test_auto_workers_are_every_core_but_one_per_256_kb_of_input(tmp_path, demo_
     kb = 1024
     assert [tokenization.resolve_workers(None, n * kb) for n in (0, 255, 256, 600, 768, 10_000)] == [1, 1, 1, 2, 3, 8]
     small = write_jsonl(tmp_path / "small.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(40)])
-    assert tokenize_dataset([small], demo_model_dir, tmp_path / "small", TokenizeOptions()).workers == 1
+    assert tokenize([small], demo_model_dir, tmp_path / "small").workers == 1
     # 2 cores offered and 600 KB of input: two workers.
     monkeypatch.setattr(tokenization.os, "sched_getaffinity", lambda pid: {0, 1})
     padding = "words of a long answer " * 60
     large = write_jsonl(tmp_path / "large.jsonl", [chat(f"q {i}", f"{padding}{i}") for i in range(450)])
     assert 512 * kb < large.stat().st_size < 768 * kb
-    assert tokenize_dataset([large], demo_model_dir, tmp_path / "large", TokenizeOptions()).workers == 2
+    assert tokenize([large], demo_model_dir, tmp_path / "large").workers == 2
 
 
 @pytest.mark.slow  # the whole demo corpus (the quick loop tokenizes parts of it: agentic records, 28 chats)
 def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir, tmp_path):
     out = tmp_path / "tokenized"
-    summary = tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(max_length=4096, shards=4))
+    summary = tokenize(demo_paths, demo_model_dir, out, max_length=4096, shards=4)
     tables = read_all(out, 4)
     assert all(t.schema.equals(SAMPLE_SCHEMA) for t in tables)
     assert sorted(p.name for p in (out / "samples").iterdir()) == [f"shard-{i:02d}.parquet" for i in range(4)]
@@ -155,8 +152,8 @@ def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir,
 
 @pytest.mark.slow  # the whole demo corpus through several passes
 def test_sample_ids_are_stable_across_runs_and_file_order(demo_paths, demo_model_dir, tmp_path):
-    first = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "a", TokenizeOptions(shards=2))
-    second = tokenize_dataset(list(reversed(demo_paths)), demo_model_dir, tmp_path / "b", TokenizeOptions(shards=2))
+    first = tokenize(demo_paths, demo_model_dir, tmp_path / "a", shards=2)
+    second = tokenize(list(reversed(demo_paths)), demo_model_dir, tmp_path / "b", shards=2)
     assert first.samples == second.samples
 
     def by_id(out):
@@ -175,7 +172,7 @@ def test_sample_ids_are_stable_across_runs_and_file_order(demo_paths, demo_model
 @pytest.mark.slow  # the whole demo corpus through several passes
 def test_rerun_replaces_atomically_and_a_crash_keeps_the_old_output(demo_paths, demo_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "tokenized"
-    tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(shards=2))
+    tokenize(demo_paths, demo_model_dir, out, shards=2)
     before = {p.name: p.read_bytes() for p in (out / "samples").iterdir()}
 
     def crash(*args, **kwargs):
@@ -183,7 +180,7 @@ def test_rerun_replaces_atomically_and_a_crash_keeps_the_old_output(demo_paths, 
 
     monkeypatch.setattr(tokenization, "_write_shards", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        tokenize_dataset(demo_paths, demo_model_dir, out, TokenizeOptions(shards=3))
+        tokenize(demo_paths, demo_model_dir, out, shards=3)
     assert {p.name: p.read_bytes() for p in (out / "samples").iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenized"]  # no temporaries left behind
 
@@ -194,7 +191,7 @@ def test_bad_files_fail_before_the_tokenizer_loads(tmp_path, demo_model_dir, mon
     empty.write_bytes(b"")
     monkeypatch.setattr(tokenization, "load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
     with pytest.raises(InputFileError, match=f"{empty}: the file is empty"):
-        tokenize_dataset([good, empty], demo_model_dir, tmp_path / "out", TokenizeOptions())
+        tokenize([good, empty], demo_model_dir, tmp_path / "out")
 
 
 def test_tokenizer_without_template_is_an_error_naming_the_model(tmp_path, demo_model_dir):
@@ -209,20 +206,18 @@ def test_tokenizer_without_template_is_an_error_naming_the_model(tmp_path, demo_
         extra.unlink()
     good = write_jsonl(tmp_path / "good.jsonl", [chat("a", "b")])
     with pytest.raises(TemplateError, match=f"tokenizer at {model} has no chat template"):
-        tokenize_dataset([good], model, tmp_path / "out", TokenizeOptions())
+        tokenize([good], model, tmp_path / "out")
 
 
 @pytest.mark.slow  # the whole demo corpus through several passes
 def test_truncation_and_thinking_policy(demo_paths, demo_model_dir, tmp_path):
-    short = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "s", TokenizeOptions(max_length=256, shards=1))
+    short = tokenize(demo_paths, demo_model_dir, tmp_path / "s", max_length=256, shards=1)
     table = read_tokenized_shard(tmp_path / "s", "shard-00")
     assert max(table.column("num_tokens").to_pylist()) <= 256
     assert short.truncated > 0
-    keep = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "k", TokenizeOptions(shards=1))
-    excluded = tokenize_dataset(
-        demo_paths, demo_model_dir, tmp_path / "e", TokenizeOptions(shards=1, thinking="exclude_from_loss")
-    )
-    stripped = tokenize_dataset(demo_paths, demo_model_dir, tmp_path / "x", TokenizeOptions(shards=1, thinking="strip"))
+    keep = tokenize(demo_paths, demo_model_dir, tmp_path / "k", shards=1)
+    excluded = tokenize(demo_paths, demo_model_dir, tmp_path / "e", shards=1, thinking="exclude_from_loss")
+    stripped = tokenize(demo_paths, demo_model_dir, tmp_path / "x", shards=1, thinking="strip")
     assert excluded.tokens == keep.tokens and excluded.loss_tokens < keep.loss_tokens
     assert stripped.tokens < keep.tokens
 
@@ -232,7 +227,7 @@ SHARED_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "share
 
 @pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason="shared ShareGPT sample not present")
 def test_real_sharegpt_dump_tokenizes_completely(demo_model_dir, tmp_path):
-    summary = tokenize_dataset([SHARED_SAMPLE], demo_model_dir, tmp_path / "t", TokenizeOptions(shards=2))
+    summary = tokenize([SHARED_SAMPLE], demo_model_dir, tmp_path / "t", shards=2)
     # A clean real-world dump written by someone else: all 500 records become samples.
     assert (summary.samples, summary.rejects) == (500, {})
     assert 0 < summary.loss_tokens < summary.tokens

@@ -75,15 +75,15 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         **sized("peak_memory_bytes", report.peak_memory_bytes),
         "device": report.device,
         "layers": MetadataValue.json(list(job.layer_ids)),
-        "include_final": job.include_final,
+        "include_final": job.model.include_final,
         "decoder_layers_loaded": f"{info.kept_layers} of {info.num_layers}"
         if info
         else "none (nothing left to extract)",
         "compute_dtype": result.compute_dtype,
-        "storage_dtype": job.storage_dtype,
-        "attn_implementation": info.attn_implementation if info else job.attn_implementation,
-        "batch_size": job.batch_size,  # the settings: a number or "auto"
-        "max_batch_tokens": job.max_batch_tokens,
+        "storage_dtype": job.extraction.storage_dtype,
+        "attn_implementation": info.attn_implementation if info else job.extraction.attn_implementation,
+        "batch_size": job.extraction.batch_size,  # the settings: a number or "auto"
+        "max_batch_tokens": job.extraction.max_batch_tokens,
         # the shape this run ended with and how it was found (core/extraction/batch_shape.py)
         "batch_shape": shape_label(report.batch_shape),
         "batch_size_used": report.final_batch_size,

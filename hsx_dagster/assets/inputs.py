@@ -24,7 +24,7 @@ from hsx_dagster.asset_keys import CONVERSATIONS, TARGET_MODEL
 from hsx_dagster.checks import sized, table_value
 from hsx_dagster.core.extraction.size_estimate import format_bytes
 from hsx_dagster.core.fingerprints import CACHE_FILE, files_version, fingerprint_files, model_version
-from hsx_dagster.core.model_info import ModelInfo, weight_files
+from hsx_dagster.core.model_info import weight_files
 
 OBSERVE_CRON = "*/5 * * * *"
 
@@ -78,9 +78,8 @@ def build_input_assets() -> list:
     )
     def target_model(context: AssetExecutionContext) -> ObserveResult:
         settings = context.resources.settings.load()
-        path = settings.model.path
-        version, prints = model_version(path)
-        info = ModelInfo.read(path)
+        path, info = settings.model.path, settings.model_info
+        version, prints = model_version(info)
         weights = weight_files(path)
         return ObserveResult(
             data_version=DataVersion(version),

@@ -20,7 +20,7 @@ from hsx_dagster.asset_keys import INPUTS, REGENERATED_CONVERSATIONS, TOKENIZED_
 from hsx_dagster.checks import check_result
 from hsx_dagster.core.regenerate.backends import build_backend
 from hsx_dagster.core.regenerate.checks import check_regenerated
-from hsx_dagster.core.regenerate.run import RegenerateOptions, regenerate
+from hsx_dagster.core.regenerate.run import regenerate
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
 
@@ -49,7 +49,7 @@ def regenerated_conversations(
         loaded.dataset.paths,
         loaded.model.path,
         loaded.regenerated_dir,
-        RegenerateOptions.from_settings(options),
+        options,
         backend,
         progress=context.log.info,
     )

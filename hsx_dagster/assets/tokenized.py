@@ -4,6 +4,7 @@ Thin over `hsx_dagster.core.inputs`: it loads the settings, calls the core, and 
 it produced as materialization metadata. The asset check reads the files back.
 """
 
+import typing
 from pathlib import Path
 
 from dagster import (
@@ -16,17 +17,18 @@ from dagster import (
     asset,
     asset_check,
 )
-from pydantic import Field
+from pydantic import create_model
 
 from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.inputs.checks import check_tokenized
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary, TokenizeOptions, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import TokenizedSummary, tokenize_dataset
 from hsx_dagster.core.regenerate.store import regenerated_input
+from hsx_dagster.core.settings import DatasetSettings
 from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA
 from hsx_dagster.pools import prepare_pool
-from hsx_dagster.resources import HsxSettings
+from hsx_dagster.resources import HsxSettings, resource_fields, validated
 
 SAMPLE_COLUMNS = {
     "sample_id": "unique over the dataset; the id every later file uses",
@@ -38,12 +40,29 @@ SAMPLE_COLUMNS = {
 }
 
 
-class TokenizeConfig(Config):
-    """Per-run overrides of the dataset settings; unset fields keep hsx.yaml's values."""
+RUN_CONFIG_KEYS = ("max_length", "min_loss_tokens", "thinking")  # of the `dataset` section
 
-    max_length: int | None = Field(None, ge=16, description="Truncate samples to this many tokens")
-    min_loss_tokens: int | None = Field(None, ge=1, description="Reject samples with fewer supervised tokens")
-    thinking: str | None = Field(None, description="keep | strip | exclude_from_loss")
+
+class _TokenizeConfigBase(Config):
+    def applied_to(self, dataset: DatasetSettings) -> DatasetSettings:
+        """The ``dataset`` section with this run's overrides, checked by the settings file's own rules."""
+        overrides = {name: value for name, value in self.model_dump().items() if value is not None}
+        return validated(DatasetSettings, {**dataset.model_dump(), **overrides}, "run config of tokenized_dataset")
+
+
+if typing.TYPE_CHECKING:  # the fields come from DatasetSettings at run time, as for GpuResource
+
+    class TokenizeConfig(_TokenizeConfigBase):
+        pass
+
+else:
+    TokenizeConfig = create_model(
+        "TokenizeConfig",
+        __base__=_TokenizeConfigBase,
+        __module__=__name__,
+        __doc__="Per-run overrides of the dataset settings; unset fields keep hsx.yaml's values.",
+        **resource_fields(DatasetSettings, RUN_CONFIG_KEYS, overrides=True),
+    )
 
 
 @asset(
@@ -58,25 +77,17 @@ def tokenized_dataset(
     context: AssetExecutionContext, config: TokenizeConfig, settings: HsxSettings
 ) -> MaterializeResult:
     loaded = settings.load()
-    dataset = loaded.dataset
-    thinking = config.thinking or dataset.thinking
-    if thinking not in ("keep", "strip", "exclude_from_loss"):
-        raise ValueError(f"run config `thinking`: {thinking!r} is not one of keep, strip, exclude_from_loss")
-    options = TokenizeOptions(
-        max_length=config.max_length or dataset.max_length,
-        min_loss_tokens=config.min_loss_tokens or dataset.min_loss_tokens,
-        thinking=thinking,
-        shards=loaded.shards,
-        trust_remote_code=loaded.model.trust_remote_code,
-        workers=None if dataset.tokenize_workers == "auto" else dataset.tokenize_workers,
-    )
-    paths, read_from = list(dataset.paths), "input files (dataset.paths)"
+    dataset, read_from = config.applied_to(loaded.dataset), "input files (dataset.paths)"
     if loaded.regenerate.enabled:  # regenerated_conversations is upstream: its output replaces the input files
-        paths, read_from = [regenerated_input(loaded.regenerated_dir)], "regenerated_conversations"
+        dataset = dataset.model_copy(update={"paths": [regenerated_input(loaded.regenerated_dir)]})
+        read_from = "regenerated_conversations"
+    paths = dataset.paths
     context.log.info(f"settings {loaded.source}: reading {read_from}: {len(paths)} files, {loaded.shards} shards")
-    summary = tokenize_dataset(paths, loaded.model.path, loaded.tokenized_dir, options, progress=context.log.info)
-    shape = StoredShape.of_model(loaded.model.path, loaded.layer_ids, loaded.model.include_final)
-    estimate = estimate_by_dtype(summary.shards, shape, int(loaded.extraction.chunk_mb * 2**20))
+    summary = tokenize_dataset(
+        dataset, loaded.model, loaded.tokenized_dir, shards=loaded.shards, progress=context.log.info
+    )
+    shape = StoredShape.of_model(loaded.model_info, loaded.layer_ids, loaded.model.include_final)
+    estimate = estimate_by_dtype(summary.shards, shape, loaded.extraction.chunk_bytes)
     context.log.info(
         f"hidden states will take about {format_bytes(sum(estimate[loaded.extraction.storage_dtype].values()))} "
         f"({loaded.extraction.storage_dtype}; {shape.layers} vectors of {shape.hidden_size} per token)"

@@ -4,7 +4,7 @@ The orchestrator observes the inputs (the conversation files, the model director
 fingerprints and compares them with the ones each output was made from, so it can tell which
 outputs are stale. Files are identified by content: a streaming sha256, cached by path, size and
 modification time, so an unchanged file is not read again. The model by what defines it: its
-``config.json`` and its weight index (`model_info.model_fingerprint`).
+``config.json`` and its weight index (`ModelInfo.fingerprint`).
 
 `code_versions` folds the settings that change what each step writes into the version of the
 code that writes it: editing ``model.layers`` or ``extraction.storage_dtype`` makes the hidden
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hsx_dagster.core.model_info import model_fingerprint
+from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.core.storage.format import DRAFTER_VERSION, HIDDEN_STATES_VERSION, TOKENIZED_VERSION
 
@@ -76,9 +76,9 @@ def files_version(prints: Sequence[FileFingerprint]) -> str:
     return _short({p.path: p.sha256 for p in prints})
 
 
-def model_version(model_path: Path) -> tuple[str, dict[str, str]]:
+def model_version(model: ModelInfo) -> tuple[str, dict[str, str]]:
     """The model directory's version (its config and weight index) and the two hashes it is made of."""
-    prints = model_fingerprint(model_path)
+    prints = model.fingerprint()
     return _short(prints), prints
 
 

@@ -75,6 +75,18 @@ class ModelInfo:
         model type."""
         return self.architectures[0] if self.architectures else self.model_type
 
+    def fingerprint(self) -> dict[str, str]:
+        """Hashes of what defines the model: its config (as read, without the transformers version that saved
+        it) and its weights index (or the weight files' names and sizes)."""
+        config = {key: value for key, value in self.config.items() if key != "transformers_version"}
+        config_hash = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+        index_files = sorted(self.path.glob(INDEX_PATTERN))
+        if index_files:
+            weights = b"".join(path.read_bytes() for path in index_files)
+        else:
+            weights = json.dumps(sorted((p.name, p.stat().st_size) for p in weight_files(self.path))).encode()
+        return {"config_sha256": config_hash, "weights_index_sha256": hashlib.sha256(weights).hexdigest()}
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready description for manifests, shard provenance and metadata: the text model's layer count
         and width, and what the release is."""
@@ -162,17 +174,3 @@ def check_model_dir(model_path: Path) -> ModelInfo:
             "finish downloading the model"
         )
     return info
-
-
-def model_fingerprint(model_path: Path) -> dict[str, str]:
-    """Hashes of what defines the model: its config and its weights index (or weight file names and sizes)."""
-    model_path = Path(model_path)
-    config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
-    config.pop("transformers_version", None)
-    config_hash = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    index_files = sorted(model_path.glob(INDEX_PATTERN))
-    if index_files:
-        weights = b"".join(path.read_bytes() for path in index_files)
-    else:
-        weights = json.dumps(sorted((p.name, p.stat().st_size) for p in weight_files(model_path))).encode()
-    return {"config_sha256": config_hash, "weights_index_sha256": hashlib.sha256(weights).hexdigest()}

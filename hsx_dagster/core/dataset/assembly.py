@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 from safetensors import safe_open
 
 from hsx_dagster import __version__
-from hsx_dagster.core.extraction.size_estimate import StoredShape
 from hsx_dagster.core.inputs.tokenization import (
     TokenizedSummary,
     read_tokenized_shard,
@@ -189,7 +188,7 @@ def assemble(
     tokenized = TokenizedSummary.read(tokenized_dir)
     model_path = Path(first["model_path"])
     if hidden_size is None:  # no chunk at all (every sample quarantined)
-        hidden_size = StoredShape.of_model(model_path, first["layer_ids"], False).hidden_size
+        hidden_size = ModelInfo.read(model_path).require_hidden_size()
     tokenizer_file = model_path / "tokenizer.json"
     description = _model_description(first, model_path)
     splits = table.column("split").to_pylist()

@@ -179,7 +179,7 @@ def check_parity(
     import weakref
 
     from hsx_dagster.core.extraction.backbone import decoder_layers, load_text_decoder
-    from hsx_dagster.core.model_info import ModelInfo
+    from hsx_dagster.core.model_info import check_model_dir
 
     dataset = DrafterDataset(drafter_dir, dtype=torch.float32)
     manifest = dataset.manifest
@@ -195,13 +195,13 @@ def check_parity(
         table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
         for row in table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted), pa.int64()))).to_pylist():
             tokenized_ids[row["sample_id"]] = row["input_ids"]
-    model_path = Path(manifest["model"]["path"])
+    model_info = check_model_dir(Path(manifest["model"]["path"]))
     layer_ids = manifest["layers"]["ids"]
     include_final = bool(manifest["layers"]["include_final"])
-    num_layers = manifest["model"].get("num_hidden_layers") or ModelInfo.read(model_path).num_hidden_layers
+    num_layers = manifest["model"].get("num_hidden_layers") or model_info.num_hidden_layers
     keep = num_layers if include_final else max(layer_ids) + 1
     loaded = load_text_decoder(
-        model_path, keep, device=device, compute_dtype=compute_dtype, trust_remote_code=trust_remote_code
+        model_info, keep, device=device, compute_dtype=compute_dtype, trust_remote_code=trust_remote_code
     )
     model = loaded.model
     # Hugging Face's last hidden state is after the final norm; the raw last kept layer needs a hook.

@@ -27,6 +27,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +35,15 @@ from typing import Any, cast
 
 import torch
 
-from hsx_dagster.core.model_info import ModelDirError, check_model_dir, text_weights_prefix, weight_names
+from hsx_dagster.core.choices import AttnImplementation
+from hsx_dagster.core.model_info import ModelInfo, text_weights_prefix, weight_names
 from hsx_dagster.core.transformers_internals import AttentionFlags, attn_implementation_in_use
 
 log = logging.getLogger(__name__)
 
 ATTN_SETTING = "extraction.attn_implementation"
 # Explicit values, fastest first: `auto` takes the first one that works for the model on the device.
-ATTN_IMPLEMENTATIONS = ("flash_attention_3", "flash_attention_2", "flash_attention_4", "sdpa", "eager")
+ATTN_IMPLEMENTATIONS: tuple[str, ...] = typing.get_args(AttnImplementation)
 # Where a checkpoint's text decoder lives under these prefixes, transformers maps it onto the text model itself.
 _NATIVE_PREFIXES = ("", "model.")
 _LAYER_LIST_NAMES = ("layers", "h", "blocks")
@@ -253,7 +255,7 @@ class LoadedDecoder:
 
 
 def load_text_decoder(
-    model_path: Path,
+    model_info: ModelInfo,
     keep: int | None,
     *,
     device: str | torch.device = "cpu",
@@ -261,18 +263,15 @@ def load_text_decoder(
     attn_implementation: str = "auto",
     trust_remote_code: bool = False,
 ) -> LoadedDecoder:
-    """The text decoder of the model in ``model_path`` with its first ``keep`` layers (all when None), in eval
-    mode, on ``device``; nothing else of the checkpoint (LM head, vision tower, MTP module, later layers) is
-    built or read. Shared by the extraction and the parity check's reference."""
+    """The text decoder of ``model_info`` (its directory checked by `check_model_dir`, which gives the `ModelInfo`)
+    with its first ``keep`` layers (all when None), in eval mode, on ``device``; nothing else of the checkpoint
+    (LM head, vision tower, MTP module, later layers) is built or read. Shared by the extraction and the parity
+    check's reference."""
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
-    model_path = Path(model_path)
+    model_path = model_info.path
     device = torch.device(device)
-    try:
-        check_model_dir(model_path)
-    except ModelDirError as exc:
-        raise BackboneError(str(exc)) from None
     config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
     text_config = config.get_text_config(decoder=True)
     num_layers = int(text_config.num_hidden_layers)
@@ -326,7 +325,7 @@ def load_text_decoder(
 
 
 def load_backbone(
-    model_path: Path,
+    model: ModelInfo,
     layer_ids: Sequence[int],
     *,
     include_final: bool = False,
@@ -335,21 +334,15 @@ def load_backbone(
     attn_implementation: str = "auto",
     trust_remote_code: bool = False,
 ) -> Backbone:
-    """Load only what the requested layers need, on ``device``, in ``compute_dtype``, in eval mode."""
-    from hsx_dagster.core.model_info import ModelInfo
-
-    model_path = Path(model_path)
+    """Load only what the requested layers need of ``model``, on ``device``, in ``compute_dtype``, in eval mode."""
     if not layer_ids:
         raise BackboneError("no layers requested")
-    try:
-        num_layers = ModelInfo.read(model_path).num_hidden_layers
-    except ModelDirError as exc:
-        raise BackboneError(str(exc)) from None
+    num_layers = model.num_hidden_layers
     if max(layer_ids) >= num_layers or min(layer_ids) < 0:
         raise BackboneError(f"layer ids {list(layer_ids)} out of range for {num_layers} decoder layers")
     keep = num_layers if include_final else max(layer_ids) + 1
     loaded = load_text_decoder(
-        model_path,
+        model,
         keep,
         device=device,
         compute_dtype=compute_dtype,

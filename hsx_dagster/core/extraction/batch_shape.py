@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 ROW_TOKENS = 32  # auto rows cap = token budget // ROW_TOKENS
 MAX_ROWS = 4096
 # Token budgets tried per device kind: (smallest, start, largest), powers of two.
@@ -114,16 +114,6 @@ class _Probe:
     ended: str = ""
 
 
-def parse_knob(value: int | str | None) -> int | None:
-    """An explicit number, or None for auto."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == AUTO):
-        return None
-    number = int(value)
-    if number < 1:
-        raise ValueError(f"a batch limit must be a positive integer or 'auto', got {value!r}")
-    return number
-
-
 class BatchShaper:
     """Chooses the shape of every batch of one shard run; the engine asks `next_shape`, cuts the batch,
     runs it, then reports it with `record` (or `out_of_memory`)."""
@@ -140,8 +130,8 @@ class BatchShaper:
         report: Callable[[str], None] | None = None,
         shard: str = "",
     ) -> None:
-        self.rows = parse_knob(batch_size)
-        self.tokens = parse_knob(max_batch_tokens)
+        self.rows = parse_auto_or_positive(batch_size)  # None: auto
+        self.tokens = parse_auto_or_positive(max_batch_tokens)
         self.device = device
         self.order = order
         self.budget_fraction = budget_fraction

@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the GPUs it guards
-
 
 class DeviceBusyError(RuntimeError):
     """No device of the list was free within the wait."""
 
 
 def visible_gpus() -> int:
-    import torch  # here: the settings import this module for its defaults and must stay light
+    import torch  # only where GPUs are counted: claiming a lock needs no torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -73,7 +71,7 @@ def claim_device(
     shard_index: int,
     *,
     owner: str,
-    lock_dir: Path = DEFAULT_LOCK_DIR,
+    lock_dir: Path,
     wait_s: float = 0.0,
     poll_s: float = 2.0,
 ) -> DeviceClaim:
@@ -121,7 +119,7 @@ def _holder(lock_dir: Path, device: str) -> str:
 
 @contextmanager
 def claimed_device(
-    devices: Sequence[str], shard_index: int, *, owner: str, lock_dir: Path = DEFAULT_LOCK_DIR, wait_s: float = 0.0
+    devices: Sequence[str], shard_index: int, *, owner: str, lock_dir: Path, wait_s: float = 0.0
 ) -> Iterator[str]:
     """The concrete device (``cuda:1``, ``cpu``) this process holds until the block ends; ``devices``
     as in the settings (``auto``, ``cuda``, ``cuda:N``, ``cpu``)."""

@@ -30,24 +30,14 @@ import torch
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, LapTimer, Shape
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
+from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, quantize
 from hsx_dagster.core.storage.shard_store import ShardStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ExtractOptions:
-    batch_size: int | str = "auto"  # most rows per batch, or "auto" (probed)
-    max_batch_tokens: int | str = "auto"  # most computed tokens per batch, or "auto" (probed)
-    storage_dtype: str = "bfloat16"
-    chunk_bytes: int = 256 * 2**20
-    progress_every_s: float = 5.0
-    pad_token_id: int = 0
-    nan_policy: str = "fail"  # or "quarantine": see ChunkWriter
-    probe_budget: float = BUDGET_FRACTION  # share of the run the batch shape probes may cost
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass
@@ -117,18 +107,23 @@ def extract_shard(
     samples: pa.Table,
     backbone: Backbone,
     store: ShardStore,
-    options: ExtractOptions,
+    extraction: ExtractionSettings,
     metadata: dict[str, str],
+    *,
+    pad_token_id: int = 0,
+    probe_budget: float = BUDGET_FRACTION,
+    progress_every_s: float = PROGRESS_EVERY_S,
     progress: Callable[[str], None] | None = None,
     pending: np.ndarray | None = None,
 ) -> ExtractionReport:
     """Extract every sample of ``samples`` (columns sample_id, input_ids, loss_mask, num_tokens) that
-    the store has not committed yet (``pending``, a row mask, when the caller has it already).
-    Returns what this run did."""
+    the store has not committed yet (``pending``, a row mask, when the caller has it already), shaped,
+    stored and screened as ``extraction`` says; ``metadata`` goes into every chunk's header.
+    ``probe_budget``: the share of the run the batch shape probes may cost. Returns what this run did."""
     report = progress or log.info
     started = time.perf_counter()
     device = next(backbone.model.parameters()).device
-    storage_dtype = STORAGE_DTYPES[options.storage_dtype]
+    storage_dtype = STORAGE_DTYPES[extraction.storage_dtype]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -142,18 +137,20 @@ def extract_shard(
 
     order = LengthOrder(lengths)
     shaper = BatchShaper(
-        options.batch_size,
-        options.max_batch_tokens,
+        extraction.batch_size,
+        extraction.max_batch_tokens,
         device,
         order,
-        budget_fraction=options.probe_budget,
+        budget_fraction=probe_budget,
         report=report,
         shard=shard,
     )
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
     slot_names = [f"layer {i}" for i in backbone.info.layer_ids] + (["final"] if backbone.info.include_final else [])
-    writer = ChunkWriter(store, options.chunk_bytes, metadata, nan_policy=options.nan_policy, slot_names=slot_names)
+    writer = ChunkWriter(
+        store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slot_names
+    )
     extracted = tokens = computed = batches = oom_splits = 0
     last_report = started
     try:
@@ -167,7 +164,7 @@ def extract_shard(
             rows = todo[list(batch.rows)]
             try:
                 host = _run_batch(
-                    backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, options.pad_token_id, timer, measured
+                    backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, pad_token_id, timer, measured
                 )
             except Exception as error:  # only out-of-memory is recoverable here
                 if not is_out_of_memory(error):
@@ -198,7 +195,7 @@ def extract_shard(
             computed += batch.computed_tokens
             batches += 1
             now = time.perf_counter()
-            if now - last_report >= options.progress_every_s:
+            if now - last_report >= progress_every_s:
                 last_report = now
                 report(
                     _progress_line(shard, extracted, len(todo), tokens, computed, now - started)

@@ -19,13 +19,13 @@ import torch
 from hsx_dagster import __version__
 from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
-from hsx_dagster.core.extraction.devices import DEFAULT_LOCK_DIR, claimed_device
-from hsx_dagster.core.extraction.engine import ExtractionReport, ExtractOptions, extract_shard
+from hsx_dagster.core.extraction.devices import claimed_device
+from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard, tokenized_digest
 from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.model_info import ModelInfo, check_model_dir, model_fingerprint
-from hsx_dagster.core.settings import ExtractionSettings, Settings
+from hsx_dagster.core.model_info import ModelInfo, check_model_dir
+from hsx_dagster.core.settings import ExtractionSettings, ModelSettings, Settings
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
     COMPUTE_DTYPES,
@@ -41,28 +41,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ShardJob:
+    """One shard run: which shard, where its samples and states are, and the settings sections that say what
+    to extract (``model``) and how (``extraction``), as the settings file declares them."""
+
     shard: str
     shard_index: int
     tokenized_dir: Path
     output_dir: Path  # <output_dir>/hidden_states/<shard>
-    model_path: Path
-    layer_ids: tuple[int, ...]
-    include_final: bool = False
-    layer_preset: str | None = None  # the model.layers preset the ids were resolved from (None: an explicit list)
-    devices: tuple[str, ...] = ("auto",)
-    compute_dtype: str = "auto"
-    storage_dtype: str = "bfloat16"
-    nan_policy: str = "fail"
-    attn_implementation: str = "auto"
-    batch_size: int | str = "auto"  # a number, or "auto": probed on the shard's first batches (batch_shape.py)
-    max_batch_tokens: int | str = "auto"
-    probe_budget: float = BUDGET_FRACTION  # share of the run the batch shape probes may cost (auto shapes)
-    chunk_bytes: int = 256 * 2**20
-    trust_remote_code: bool = False
-    device_wait_s: float = 600.0
-    device_lock_dir: Path = DEFAULT_LOCK_DIR
-    on_mismatch: str = "refuse"  # the folder was made differently: refuse, or start_over (delete and redo)
+    model: ModelSettings
+    layer_ids: tuple[int, ...]  # model.layers resolved for the model's layer count
+    extraction: ExtractionSettings
     owner: str = "hsx"  # who holds the device, for the message another run sees (e.g. the Dagster run id)
+    probe_budget: float = BUDGET_FRACTION  # share of the run the batch shape probes may cost (auto shapes)
 
     @classmethod
     def from_settings(
@@ -70,28 +60,14 @@ class ShardJob:
     ) -> ShardJob:
         """The job for one shard of ``settings``; ``extraction`` overrides its extraction section (run config).
         A key that is not one of the shards is a SettingsError naming `shards`."""
-        extraction = extraction or settings.extraction
         return cls(
             shard=shard,
             shard_index=settings.shard_index(shard),
             tokenized_dir=settings.tokenized_dir,
             output_dir=settings.shard_dir(shard),
-            model_path=settings.model.path,
+            model=settings.model,
             layer_ids=tuple(settings.layer_ids),
-            layer_preset=settings.model.layers if isinstance(settings.model.layers, str) else None,
-            include_final=settings.model.include_final,
-            trust_remote_code=settings.model.trust_remote_code,
-            devices=tuple(extraction.devices),
-            compute_dtype=extraction.compute_dtype,
-            storage_dtype=extraction.storage_dtype,
-            nan_policy=extraction.nan_policy,
-            attn_implementation=extraction.attn_implementation,
-            batch_size=extraction.batch_size,
-            max_batch_tokens=extraction.max_batch_tokens,
-            chunk_bytes=int(extraction.chunk_mb * 2**20),
-            device_wait_s=extraction.device_wait_s,
-            device_lock_dir=extraction.device_lock_dir,
-            on_mismatch=extraction.on_mismatch,
+            extraction=extraction or settings.extraction,
             owner=owner,
         )
 
@@ -116,34 +92,42 @@ def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> S
     table = read_tokenized_shard(
         job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
     )
-    check_model_dir(job.model_path)
+    model = check_model_dir(job.model.path)  # what the run knows of the model from here on, read once
+    extraction = job.extraction
     with claimed_device(
-        job.devices, job.shard_index, owner=job.owner, lock_dir=job.device_lock_dir, wait_s=job.device_wait_s
+        extraction.devices,
+        job.shard_index,
+        owner=job.owner,
+        lock_dir=extraction.device_lock_dir,
+        wait_s=extraction.device_wait_s,
     ) as device:
-        return _run_on_device(job, table, torch.device(device), report)
+        return _run_on_device(job, model, table, torch.device(device), report)
 
 
-def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report: Callable[[str], None]) -> ShardResult:
-    compute_dtype = resolve_compute_dtype(job.compute_dtype, device)
+def _run_on_device(
+    job: ShardJob, model: ModelInfo, table: pa.Table, device: torch.device, report: Callable[[str], None]
+) -> ShardResult:
+    extraction = job.extraction
+    compute_dtype = resolve_compute_dtype(extraction.compute_dtype, device)
     provenance = {
         "format": HIDDEN_STATES_FORMAT,
         "format_version": HIDDEN_STATES_VERSION,
         "shard": job.shard,
-        "model_path": str(job.model_path),
-        **model_fingerprint(job.model_path),
+        "model_path": str(job.model.path),
+        **model.fingerprint(),
         "layer_ids": list(job.layer_ids),
         "layer_convention": LAYER_CONVENTION,
-        "layer_preset": job.layer_preset,
-        "model": ModelInfo.read(job.model_path).describe(),  # layer count, width and architecture of the text model
-        "include_final": job.include_final,
-        "storage_dtype": job.storage_dtype,
+        "layer_preset": job.model.layer_preset,
+        "model": model.describe(),  # layer count, width and architecture of the text model
+        "include_final": job.model.include_final,
+        "storage_dtype": extraction.storage_dtype,
         "compute_dtype": str(compute_dtype).removeprefix("torch."),
         "tokenized_sha256": tokenized_digest(table),
     }
-    with ShardStore(job.output_dir, provenance, on_mismatch=job.on_mismatch, report=report) as store:
+    with ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=report) as store:
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
         todo = store.pending_mask(table.column("sample_id").to_numpy())
-        _check_disk_space(job, table, todo)
+        _check_disk_space(job, model, table, todo)
         if not todo.any():
             report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
             return _finish(
@@ -151,39 +135,41 @@ def _run_on_device(job: ShardJob, table: pa.Table, device: torch.device, report:
             )
         report(
             f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
-            f"{job.storage_dtype} storage), layers {list(job.layer_ids)}"
+            f"{extraction.storage_dtype} storage), layers {list(job.layer_ids)}"
         )
         backbone = load_backbone(
-            job.model_path,
+            model,
             job.layer_ids,
-            include_final=job.include_final,
+            include_final=job.model.include_final,
             device=device,
             compute_dtype=compute_dtype,
-            attn_implementation=job.attn_implementation,
-            trust_remote_code=job.trust_remote_code,
+            attn_implementation=extraction.attn_implementation,
+            trust_remote_code=job.model.trust_remote_code,
         )
         metadata = {
             "format": HIDDEN_STATES_FORMAT,
             "format_version": str(HIDDEN_STATES_VERSION),
             "shard": job.shard,
             "layer_ids": json.dumps(list(job.layer_ids)),
-            "include_final": json.dumps(job.include_final),
-            "storage_dtype": job.storage_dtype,
+            "include_final": json.dumps(job.model.include_final),
+            "storage_dtype": extraction.storage_dtype,
             "hsx_version": __version__,
         }
-        if STORAGE_DTYPES[job.storage_dtype] == FP8_DTYPE:
+        if STORAGE_DTYPES[extraction.storage_dtype] == FP8_DTYPE:
             metadata["quantization"] = json.dumps(scale_layout(backbone.info.hidden_size))
-        options = ExtractOptions(
-            batch_size=job.batch_size,
-            max_batch_tokens=job.max_batch_tokens,
-            storage_dtype=job.storage_dtype,
-            chunk_bytes=job.chunk_bytes,
-            pad_token_id=_pad_token_id(backbone),
-            nan_policy=job.nan_policy,
-            probe_budget=job.probe_budget,
-        )
         try:
-            result = extract_shard(job.shard, table, backbone, store, options, metadata, progress=report, pending=todo)
+            result = extract_shard(
+                job.shard,
+                table,
+                backbone,
+                store,
+                extraction,
+                metadata,
+                pad_token_id=_pad_token_id(backbone),
+                probe_budget=job.probe_budget,
+                progress=report,
+                pending=todo,
+            )
         finally:
             backbone.close()
         return _finish(job, table, store, provenance, result, backbone.info)
@@ -203,14 +189,15 @@ def _finish(
     return ShardResult(result, info, provenance["compute_dtype"], totals, quarantined)
 
 
-def _check_disk_space(job: ShardJob, table: pa.Table, todo: np.ndarray) -> None:
+def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> None:
     """Before the model loads: the samples still to extract (``todo``, a row mask) must fit on the output disk."""
     tokens = int(table.column("num_tokens").to_numpy()[todo].sum())
-    shape = StoredShape.of_model(job.model_path, job.layer_ids, job.include_final)
-    needed = estimate_bytes(tokens, int(todo.sum()), shape, job.storage_dtype, job.chunk_bytes)
+    shape = StoredShape.of_model(model, job.layer_ids, job.model.include_final)
+    extraction = job.extraction
+    needed = estimate_bytes(tokens, int(todo.sum()), shape, extraction.storage_dtype, extraction.chunk_bytes)
     alternative = ""
-    if STORAGE_DTYPES[job.storage_dtype].itemsize > 1:
-        fp8 = estimate_bytes(tokens, int(todo.sum()), shape, "float8_e4m3", job.chunk_bytes)
+    if STORAGE_DTYPES[extraction.storage_dtype].itemsize > 1:
+        fp8 = estimate_bytes(tokens, int(todo.sum()), shape, "float8_e4m3", extraction.chunk_bytes)
         alternative = f", or store float8_e4m3 (extraction.storage_dtype; about {format_bytes(fp8)})"
     check_free_disk(job.output_dir, needed, alternative)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,10 +38,8 @@ class StoredShape:
     hidden_size: int
 
     @classmethod
-    def of_model(cls, model_path: Path, layer_ids: list[int] | tuple[int, ...], include_final: bool) -> StoredShape:
-        return cls(
-            layers=len(layer_ids) + int(include_final), hidden_size=ModelInfo.read(model_path).require_hidden_size()
-        )
+    def of_model(cls, model: ModelInfo, layer_ids: Sequence[int], include_final: bool) -> StoredShape:
+        return cls(layers=len(layer_ids) + int(include_final), hidden_size=model.require_hidden_size())
 
 
 def estimate_bytes(tokens: int, samples: int, shape: StoredShape, storage_dtype: str, chunk_bytes: int) -> int:

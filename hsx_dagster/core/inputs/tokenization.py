@@ -13,9 +13,8 @@ second pass copies rows into their shard's file. The new directory replaces the 
 so a crash never leaves a half-written tokenized dataset in place; a folder that is not a tokenized
 dataset is never replaced.
 
-Parsing, rendering and tokenising run in worker processes (``TokenizeOptions.workers``, setting
-``dataset.tokenize_workers``; None = every core, but no more than one per 256 KB of input, 1 = in this
-process). The main process only reads:
+Parsing, rendering and tokenising run in worker processes (setting ``dataset.tokenize_workers``: auto =
+every core, but no more than one per 256 KB of input, 1 = in this process). The main process only reads:
 it hands the records over in chunks as read (a JSON line still as bytes) and takes the results back
 in input order, so duplicates, rejects, sample order and the Parquet bytes are the same whatever the
 worker count.
@@ -46,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.inputs.chat_template import (
     SampleRejected,
     TemplateError,
@@ -65,7 +65,7 @@ from hsx_dagster.core.inputs.conversations import (
     normalise_record,
 )
 from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, shard_loads
-from hsx_dagster.core.settings import check_shard_key, shard_keys
+from hsx_dagster.core.settings import DatasetSettings, ModelSettings, check_shard_key, shard_keys
 from hsx_dagster.core.storage.format import (
     REJECT_SCHEMA,
     SAMPLE_SCHEMA,
@@ -103,21 +103,12 @@ class TokenizedDataError(RuntimeError):
     """The tokenized dataset on disk is missing or is not what is asked for; the message says what to do."""
 
 
-@dataclass(frozen=True)
-class TokenizeOptions:
-    max_length: int = 4096
-    min_loss_tokens: int = 1
-    thinking: str = "keep"
-    shards: int = 1
-    trust_remote_code: bool = False
-    workers: int | None = None  # processes that render and tokenise; None: every core (fewer on a small input)
-
-
-def resolve_workers(workers: int | None, input_bytes: int | None = None) -> int:
-    """The worker count to use: ``workers`` when given; else every core this process may run on, but no more
-    than one per ``AUTO_WORKER_BYTES`` of input when its size is known."""
+def resolve_workers(setting: int | str | None, input_bytes: int | None = None) -> int:
+    """The worker count to use: the number ``dataset.tokenize_workers`` gives; for ``auto`` every core this
+    process may run on, but no more than one per ``AUTO_WORKER_BYTES`` of input when its size is known."""
+    workers = parse_auto_or_positive(setting)
     if workers is not None:
-        return max(1, int(workers))
+        return workers
     try:
         cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -202,18 +193,21 @@ def tokenizer_provenance(tokenizer, model_path: Path) -> dict:
 
 
 def tokenize_dataset(
-    paths: Sequence[Path],
-    model_path: Path,
+    dataset: DatasetSettings,
+    model: ModelSettings,
     out_dir: Path,
-    options: TokenizeOptions,
+    *,
+    shards: int,
     progress: Callable[[str], None] | None = None,
 ) -> TokenizedSummary:
-    """Tokenise every input file into ``out_dir`` (replacing what was there once complete)."""
+    """Tokenise every file of ``dataset.paths`` with the tokenizer of ``model`` into ``shards`` shards under
+    ``out_dir`` (replacing what was there once complete)."""
     started = time.perf_counter()
     report = progress or log.info
+    paths, model_path = list(dataset.paths), model.path
     formats = {str(path): check_input_file(Path(path)) for path in paths}  # fail before loading anything
     _check_replaceable(Path(out_dir))
-    tokenizer = load_tokenizer(model_path, options.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, model.trust_remote_code)
     markers = TemplateMarkers.probe(tokenizer, name=f"tokenizer at {model_path}")
     provenance = tokenizer_provenance(tokenizer, model_path)
     previous = _previous_tokenizer(Path(out_dir))
@@ -236,18 +230,18 @@ def tokenize_dataset(
             paths,
             tokenizer,
             markers,
-            options,
+            dataset,
+            model,
             report,
             started,
-            model_path,
         )
-        keys = shard_keys(options.shards)
-        assignment = assign_shards(first_pass.num_tokens, first_pass.sample_ids, options.shards)
+        keys = shard_keys(shards)
+        assignment = assign_shards(first_pass.num_tokens, first_pass.sample_ids, shards)
         _write_shards(staging_dir / "staging.parquet", staging_dir / TOKENIZED_SAMPLES_DIR, assignment, keys)
         (staging_dir / "staging.parquet").unlink()
 
-        loads = shard_loads(first_pass.num_tokens, assignment, options.shards)
-        counts = np.bincount(assignment, minlength=options.shards)
+        loads = shard_loads(first_pass.num_tokens, assignment, shards)
+        counts = np.bincount(assignment, minlength=shards)
         elapsed = time.perf_counter() - started
         summary = TokenizedSummary(
             format_version=TOKENIZED_VERSION,
@@ -271,7 +265,14 @@ def tokenize_dataset(
                 **provenance,
                 **({"previous": previous, "changed": changed} if changed else {}),
             },
-            options=asdict(options),
+            options={  # what the samples depend on besides the inputs and the tokenizer
+                "max_length": dataset.max_length,
+                "min_loss_tokens": dataset.min_loss_tokens,
+                "thinking": dataset.thinking,
+                "shards": shards,
+                "trust_remote_code": model.trust_remote_code,
+                "workers": parse_auto_or_positive(dataset.tokenize_workers),
+            },
             elapsed_s=round(elapsed, 3),
             conversations_per_s=round(first_pass.records / elapsed, 1) if elapsed > 0 else 0.0,
             bytes_written=_tree_bytes(staging_dir),
@@ -284,7 +285,7 @@ def tokenize_dataset(
         shutil.rmtree(staging_dir, ignore_errors=True)
         raise
     report(
-        f"tokenized {summary.samples} samples ({summary.tokens} tokens) into {options.shards} shards, "
+        f"tokenized {summary.samples} samples ({summary.tokens} tokens) into {shards} shards, "
         f"{summary.rejected} rejected, imbalance {summary.imbalance:.4f}, {summary.elapsed_s:.1f} s "
         f"({summary.conversations_per_s:.0f} conversations/s, {summary.workers} workers)"
     )
@@ -421,9 +422,9 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 class _Processor:
     """Renders and tokenises batches, in this process or in a pool of workers, results in input order."""
 
-    def __init__(self, workers: int, tokenizer, markers, options: TokenizeOptions, model_path: Path) -> None:
+    def __init__(self, workers: int, tokenizer, markers, dataset: DatasetSettings, model: ModelSettings) -> None:
         self.workers = workers
-        self.tokenizer, self.markers, self.options = tokenizer, markers, options
+        self.tokenizer, self.markers, self.dataset = tokenizer, markers, dataset
         self.pool: ProcessPoolExecutor | None = None
         if workers > 1:
             context = _pool_context()
@@ -434,15 +435,15 @@ class _Processor:
                 max_workers=workers,
                 mp_context=context,
                 initializer=_worker_start,
-                initargs=(str(model_path), options.trust_remote_code, options.thinking, options.max_length),
+                initargs=(str(model.path), model.trust_remote_code, dataset.thinking, dataset.max_length),
             )
 
     def run(self, batches: Iterator[list[RawRecord]]) -> Iterator[tuple[list[RawRecord], list[Outcome]]]:
         """(batch, the outcome of each of its records) for every batch, in order."""
-        options = self.options
+        dataset = self.dataset
         if self.pool is None:
             for batch in batches:
-                yield batch, process_records(batch, self.tokenizer, self.markers, options.thinking, options.max_length)
+                yield batch, process_records(batch, self.tokenizer, self.markers, dataset.thinking, dataset.max_length)
             return
         pending: deque[tuple[list, list[Future]]] = deque()
         for batch in batches:
@@ -465,7 +466,15 @@ class _Processor:
 
 
 def _tokenize_into(
-    staging_file, rejects_file, paths, tokenizer, markers, options, report, started, model_path
+    staging_file,
+    rejects_file,
+    paths,
+    tokenizer,
+    markers,
+    dataset: DatasetSettings,
+    model: ModelSettings,
+    report,
+    started,
 ) -> _FirstPass:
     sample_ids: list[int] = []
     num_tokens: list[int] = []
@@ -475,8 +484,8 @@ def _tokenize_into(
     per_input = {str(p): {"records": 0, "samples": 0, "rejects": 0, "bytes": Path(p).stat().st_size} for p in paths}
     loss_tokens = truncated = records = 0
     last_report = time.perf_counter()
-    workers = resolve_workers(options.workers, sum(entry["bytes"] for entry in per_input.values()))
-    processor = _Processor(workers, tokenizer, markers, options, Path(model_path))
+    workers = resolve_workers(dataset.tokenize_workers, sum(entry["bytes"] for entry in per_input.values()))
+    processor = _Processor(workers, tokenizer, markers, dataset, model)
 
     with (
         _tokenizer_threads_off(),
@@ -510,14 +519,14 @@ def _tokenize_into(
                     seen[sample_id] = f"{raw.source} {raw.location}"
                     ignored.update(set(ignored_fields))
                     supervised = int(result.loss_mask.sum())
-                    if supervised < options.min_loss_tokens:
+                    if supervised < dataset.min_loss_tokens:
                         cut = " after truncation to max_length" if result.truncated else ""
                         record_reject(
                             _reject(
                                 raw,
                                 RejectReason.TOO_FEW_LOSS_TOKENS,
                                 f"{supervised} supervised tokens{cut}, fewer than "
-                                f"min_loss_tokens={options.min_loss_tokens}",
+                                f"min_loss_tokens={dataset.min_loss_tokens}",
                             )
                         )
                         continue

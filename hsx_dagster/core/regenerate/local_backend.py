@@ -9,45 +9,33 @@ like a shard run claims it (one run per GPU).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.regenerate.run import PromptRenderer, Stats, opens_think, template_failure
 from hsx_dagster.core.regenerate.turns import ConversationJob, Generated, split_reasoning
+from hsx_dagster.core.settings import ExtractionSettings, RegenerateSettings
 
 
 class LocalBackend:
+    """The target in this process: sampling as the ``regenerate`` settings say, on the device and in the compute
+    dtype of the ``extraction`` settings (the `gpu` resource), claimed like a shard run claims it."""
+
     name = "local"
 
     def __init__(
         self,
+        options: RegenerateSettings,
+        extraction: ExtractionSettings,
         model_path: Path,
         *,
-        devices: Sequence[str],
-        compute_dtype: str,
-        lock_dir: Path,
-        wait_s: float,
         owner: str,
-        batch_size: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int | None,
-        chat_template_kwargs: dict[str, Any],
         trust_remote_code: bool = False,
     ) -> None:
+        self.options, self.extraction = options, extraction
         self.model_path = Path(model_path)
-        self.devices, self.compute_dtype, self.lock_dir, self.wait_s, self.owner = (
-            list(devices),
-            compute_dtype,
-            Path(lock_dir),
-            wait_s,
-            owner,
-        )
-        self.batch_size = batch_size
-        self.max_tokens, self.temperature, self.top_p, self.seed = max_tokens, temperature, top_p, seed
-        self.chat_template_kwargs = dict(chat_template_kwargs)
+        self.owner = owner
         self.trust_remote_code = trust_remote_code
         self.device_used = ""
 
@@ -55,12 +43,23 @@ class LocalBackend:
         from hsx_dagster.core.model_info import check_model_dir
 
         check_model_dir(self.model_path)
-        return {"model": str(self.model_path), "devices": self.devices, "batch_size": self.batch_size}
+        return {
+            "model": str(self.model_path),
+            "devices": list(self.extraction.devices),
+            "batch_size": self.options.batch_size,
+        }
 
     def run(self, jobs: Iterator[ConversationJob], finished: Callable[[ConversationJob], None], stats: Stats) -> None:
         from hsx_dagster.core.extraction.devices import claimed_device
 
-        with claimed_device(self.devices, 0, owner=self.owner, lock_dir=self.lock_dir, wait_s=self.wait_s) as device:
+        extraction = self.extraction
+        with claimed_device(
+            extraction.devices,
+            0,
+            owner=self.owner,
+            lock_dir=extraction.device_lock_dir,
+            wait_s=extraction.device_wait_s,
+        ) as device:
             self.device_used = device
             self._run_on(device, jobs, finished, stats)
 
@@ -71,8 +70,8 @@ class LocalBackend:
         from hsx_dagster.core.extraction.shard_run import resolve_compute_dtype
 
         torch_device = torch.device(device)
-        dtype = resolve_compute_dtype(self.compute_dtype, torch_device)
-        renderer = PromptRenderer(self.model_path, self.chat_template_kwargs, self.trust_remote_code)
+        dtype = resolve_compute_dtype(self.extraction.compute_dtype, torch_device)
+        renderer = PromptRenderer(self.model_path, self.options.chat_template_kwargs, self.trust_remote_code)
         tokenizer = renderer.tokenizer
         tokenizer.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(
@@ -88,7 +87,7 @@ class LocalBackend:
         active: list[ConversationJob] = []
         exhausted = False
         while True:
-            while len(active) < self.batch_size and not exhausted:
+            while len(active) < self.options.batch_size and not exhausted:
                 job = next(jobs, None)
                 if job is None:
                     exhausted = True
@@ -122,17 +121,18 @@ class LocalBackend:
 
         encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         encoded = {k: v.to(model.device) for k, v in encoded.items()}
+        options = self.options
         sampling: dict[str, Any] = {"do_sample": False}
-        if self.temperature > 0:
-            sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": 0}
-            if self.seed is not None:
-                torch.manual_seed(self.seed)
+        if options.temperature > 0:
+            sampling = {"do_sample": True, "temperature": options.temperature, "top_p": options.top_p, "top_k": 0}
+            if options.seed is not None:
+                torch.manual_seed(options.seed)
         else:
             sampling.update(temperature=None, top_p=None, top_k=None)
         with torch.inference_mode():
             output = model.generate(
                 **encoded,
-                max_new_tokens=self.max_tokens,
+                max_new_tokens=options.max_tokens,
                 pad_token_id=pad_id,
                 eos_token_id=sorted(eos_ids),
                 **sampling,

@@ -30,6 +30,7 @@ from hsx_dagster.core.regenerate.run import (
     template_failure,
 )
 from hsx_dagster.core.regenerate.turns import ConversationJob, FailureReason, Generated, split_reasoning
+from hsx_dagster.core.settings import RegenerateSettings
 
 MAX_BACKOFF_S = 60.0
 _UNREACHABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
@@ -53,46 +54,24 @@ class _Endpoint:
     last_error: str = ""
 
 
-@dataclass(frozen=True)
-class OpenAIOptions:
-    endpoints: tuple[str, ...]
-    concurrency: int = 16
-    served_model: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    request_timeout_s: float = 600.0
-    connect_timeout_s: float = 10.0
-    retries: int = 3
-    backoff_s: float = 1.0
-
-    @classmethod
-    def from_settings(cls, regenerate: Any) -> OpenAIOptions:
-        fields = {name: getattr(regenerate, name) for name in cls.__dataclass_fields__}
-        return cls(**{**fields, "endpoints": tuple(regenerate.endpoints)})
-
-
 class OpenAIBackend:
+    """The servers of ``regenerate.endpoints``, sampling and retrying as the ``regenerate`` settings say."""
+
     name = "openai"
 
-    def __init__(
-        self,
-        options: OpenAIOptions,
-        model_path: Path,
-        *,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int | None,
-        chat_template_kwargs: dict[str, Any],
-        trust_remote_code: bool = False,
-    ) -> None:
+    def __init__(self, options: RegenerateSettings, model_path: Path, *, trust_remote_code: bool = False) -> None:
         self.options = options
         self.model_path = Path(model_path)
-        self.sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
-        if seed is not None:
-            self.sampling["seed"] = seed
-        if chat_template_kwargs:
-            self.sampling["chat_template_kwargs"] = dict(chat_template_kwargs)
-        self.chat_template_kwargs = dict(chat_template_kwargs)
+        self.sampling: dict[str, Any] = {
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "top_p": options.top_p,
+        }
+        if options.seed is not None:
+            self.sampling["seed"] = options.seed
+        if options.chat_template_kwargs:
+            self.sampling["chat_template_kwargs"] = dict(options.chat_template_kwargs)
+        self.chat_template_kwargs = dict(options.chat_template_kwargs)
         self.trust_remote_code = trust_remote_code
         self.endpoints: list[_Endpoint] = []
         key = os.environ.get(options.api_key_env) if options.api_key_env else None

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hsx_dagster.core.inputs.conversations import check_input_file
-from hsx_dagster.core.model_info import model_fingerprint
+from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.regenerate.store import RegenStore
 from hsx_dagster.core.regenerate.turns import ConversationJob, FailureReason, SourceConversation, iter_inputs
+from hsx_dagster.core.settings import RegenerateSettings
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 10.0
@@ -28,35 +29,32 @@ class RegenerationError(RuntimeError):
     """Regeneration cannot go on (no endpoint reachable, wrong model served, ...); the message names the URL."""
 
 
-@dataclass(frozen=True)
-class RegenerateOptions:
-    """What the responses depend on (the fingerprint) and how the run is cut into commits."""
+# The settings a run records in its summary: what the responses depend on and how the run is cut into commits.
+RUN_OPTIONS = (
+    "turns",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "chat_template_kwargs",
+    "on_truncated",
+    "chunk_conversations",
+    "retry_failed",
+)
 
-    turns: str = "all"
-    max_tokens: int = 2048
-    temperature: float = 0.7
-    top_p: float = 1.0
-    seed: int | None = 0
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    on_truncated: str = "keep"
-    chunk_conversations: int = 64
-    retry_failed: bool = False
 
-    @classmethod
-    def from_settings(cls, regenerate: Any) -> RegenerateOptions:
-        return cls(**{name: getattr(regenerate, name) for name in cls.__dataclass_fields__})
-
-    def fingerprint(self, model_path: Path) -> dict[str, Any]:
-        return {
-            **model_fingerprint(model_path),
-            "turns": self.turns,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "chat_template_kwargs": dict(sorted(self.chat_template_kwargs.items())),
-            "on_truncated": self.on_truncated,
-        }
+def fingerprint(settings: RegenerateSettings, model: ModelInfo) -> dict[str, Any]:
+    """What the responses depend on: the model, and the settings of the sampling and of which turns."""
+    return {
+        **model.fingerprint(),
+        "turns": settings.turns,
+        "max_tokens": settings.max_tokens,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "seed": settings.seed,
+        "chat_template_kwargs": dict(sorted(settings.chat_template_kwargs.items())),
+        "on_truncated": settings.on_truncated,
+    }
 
 
 @dataclass
@@ -181,18 +179,19 @@ def regenerate(
     paths: Sequence[Path],
     model_path: Path,
     out_dir: Path,
-    options: RegenerateOptions,
+    options: RegenerateSettings,
     backend: Backend,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Regenerate every input conversation not yet committed under ``out_dir``; returns the summary."""
+    """Regenerate every input conversation not yet committed under ``out_dir`` as the ``regenerate`` settings
+    say (the backend built from the same settings); returns the summary."""
     report = progress or log.info
     for path in paths:
         check_input_file(Path(path))  # a bad input file fails before any request
     checked = backend.preflight()
     report(f"{backend.name}: {checked}")
     stats = Stats()
-    with RegenStore(Path(out_dir), options.fingerprint(Path(model_path))) as store:
+    with RegenStore(Path(out_dir), fingerprint(options, ModelInfo.read(model_path))) as store:
         seen: set[str] = set()
         for item in iter_inputs(paths):
             if isinstance(item, SourceConversation) and item.id not in seen:
@@ -230,7 +229,7 @@ def regenerate(
             "conversations": result.conversations,
             "failed": result.failed,
             "failures_by_reason": result.failures,
-            "options": {**options.__dict__},
+            "options": options.model_dump(include=set(RUN_OPTIONS)),
             "run": stats.as_dict(),
             "created_at": time.time(),
         }

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsx_dagster.core.choices import OnTruncated, RegenerateTurns
 from hsx_dagster.core.inputs.conversations import Conversation, Reject, iter_records
 
 
@@ -146,8 +147,8 @@ class ConversationJob:
     it each response."""
 
     source: SourceConversation
-    turns: str
-    on_truncated: str = "keep"
+    turns: RegenerateTurns  # `regenerate.turns`
+    on_truncated: OnTruncated  # `regenerate.on_truncated`
     messages: list[dict[str, Any]] = field(init=False)
     pending: list[int] = field(init=False)
     failure: Failure | None = None

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import queue
 import threading
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hsx_dagster.core.choices import NanPolicy
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.shard_store import ChunkRecord, QuarantineRecord, ShardStore
 
-NAN_POLICIES = ("fail", "quarantine")
+NAN_POLICIES: tuple[str, ...] = typing.get_args(NanPolicy)
 
 
 class NonFiniteStatesError(RuntimeError):
@@ -81,7 +83,7 @@ class ChunkWriter:
         chunk_bytes: int,
         metadata: dict[str, str],
         queue_depth: int = 2,
-        nan_policy: str = "fail",
+        nan_policy: NanPolicy = "fail",
         slot_names: Sequence[str] = (),
     ) -> None:
         if nan_policy not in NAN_POLICIES:

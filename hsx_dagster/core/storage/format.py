@@ -18,25 +18,33 @@ Everything the pipeline writes is Parquet, JSON, JSON lines or safetensors (neve
         quarantine.parquet            DRAFTER_QUARANTINE_SCHEMA
         manifest.json                 what the dataset is and how it was made (DRAFTER_FORMAT)
 
-This module imports only torch and pyarrow, so the trainer-side reader stays light.
+This module imports only torch, pyarrow and the choices, so the trainer-side reader stays light.
 """
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import torch
 
+from hsx_dagster.core.choices import ComputeDtype, StorageDtype
+
 # --- dtypes ---------------------------------------------------------------------------------
 FP8_DTYPE = torch.float8_e4m3fn
-COMPUTE_DTYPES: dict[str, torch.dtype] = {
+_TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float32": torch.float32,
+    "float8_e4m3": FP8_DTYPE,
 }
-STORAGE_DTYPES: dict[str, torch.dtype] = {**COMPUTE_DTYPES, "float8_e4m3": FP8_DTYPE}
+# The settings' choices (hsx_dagster.core.choices), as torch dtypes; `auto` compute is resolved per device.
+COMPUTE_DTYPES: dict[str, torch.dtype] = {
+    name: _TORCH_DTYPES[name] for name in typing.get_args(ComputeDtype) if name != "auto"
+}
+STORAGE_DTYPES: dict[str, torch.dtype] = {name: _TORCH_DTYPES[name] for name in typing.get_args(StorageDtype)}
 # How safetensors names each storage dtype in a chunk header (checked by the integrity checks).
 SAFETENSORS_DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "F32",

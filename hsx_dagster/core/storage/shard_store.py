@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from safetensors.torch import save as safetensors_bytes
 
+from hsx_dagster.core.choices import OnMismatch
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, read_lines, write_atomic
 from hsx_dagster.core.storage.format import (
     CHUNK_PATTERN,
@@ -34,7 +36,7 @@ from hsx_dagster.core.storage.format import (
     is_temporary_file,
 )
 
-ON_MISMATCH = ("refuse", "start_over")
+ON_MISMATCH: tuple[str, ...] = typing.get_args(OnMismatch)
 # Provenance keys that describe the shard without defining its content (the model's description is derived
 # from its config, whose hash is compared; a preset resolves to the layer ids, which are compared): a change
 # is recorded in shard.json, never refused.
@@ -78,7 +80,7 @@ class ShardStore:
         self,
         directory: Path,
         provenance: dict,
-        on_mismatch: str = "refuse",
+        on_mismatch: OnMismatch = "refuse",
         report: Callable[[str], None] | None = None,
     ) -> None:
         if on_mismatch not in ON_MISMATCH:

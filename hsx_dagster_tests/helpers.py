@@ -1,0 +1,66 @@
+"""Builders the tests share: a shard job and a tokenization from the keys of the settings file, flat.
+
+The core takes the settings sections themselves (`ModelSettings`, `ExtractionSettings`, `DatasetSettings`);
+a test names only the keys it cares about, as hsx.yaml would, and the rest keeps the settings' defaults
+(devices: the CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hsx_dagster.core.extraction.shard_run import ShardJob
+from hsx_dagster.core.inputs.tokenization import TokenizedSummary, tokenize_dataset
+from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
+
+_MODEL_KEYS = {"include_final", "trust_remote_code"}
+_JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget"}
+
+
+def shard_job(
+    *,
+    model_path: Path,
+    layer_ids: Sequence[int],
+    layer_preset: str | None = None,
+    chunk_bytes: int | None = None,
+    **keys: Any,
+) -> ShardJob:
+    """A shard job from flat keys: the job's own (shard, shard_index, tokenized_dir, output_dir, owner,
+    probe_budget), `model.*` (model_path, layer_ids, the preset they were resolved from, include_final,
+    trust_remote_code) and `extraction.*` (chunk_bytes instead of chunk_mb). shard defaults to shard-00 (index
+    0), devices to the CPU."""
+    job = {key: keys.pop(key) for key in _JOB_KEYS & set(keys)}
+    model_keys = {key: keys.pop(key) for key in _MODEL_KEYS & set(keys)}
+    model = ModelSettings(path=Path(model_path), layers=layer_preset or list(layer_ids), **model_keys)
+    if chunk_bytes is not None:
+        keys["chunk_mb"] = chunk_bytes / 2**20
+    keys.setdefault("devices", ["cpu"])
+    job.setdefault("shard", "shard-00")
+    job.setdefault("shard_index", int(job["shard"].rsplit("-", 1)[1]))
+    return ShardJob(model=model, layer_ids=tuple(layer_ids), extraction=ExtractionSettings(**keys), **job)
+
+
+def tokenize(
+    paths: Sequence[Path],
+    model_path: Path,
+    out_dir: Path,
+    *,
+    shards: int = 1,
+    workers: int | str | None = None,
+    trust_remote_code: bool = False,
+    progress: Callable[[str], None] | None = None,
+    **dataset: Any,
+) -> TokenizedSummary:
+    """`tokenize_dataset` of ``paths`` with flat `dataset.*` keys (workers: `tokenize_workers`); a key not given
+    keeps the settings' default."""
+    if workers is not None:
+        dataset["tokenize_workers"] = workers
+    return tokenize_dataset(
+        DatasetSettings(paths=list(paths), **dataset),
+        ModelSettings(path=Path(model_path), trust_remote_code=trust_remote_code),
+        Path(out_dir),
+        shards=shards,
+        progress=progress,
+    )
