@@ -23,6 +23,7 @@ from hsx_dagster.core.extraction.backbone import Backbone, BackboneInfo
 from hsx_dagster.core.extraction.batching import plan_batches
 from hsx_dagster.core.extraction.engine import extract_shard
 from hsx_dagster.core.settings import ExtractionSettings
+from hsx_dagster.core.storage.provenance import ShardProvenance
 from hsx_dagster.core.storage.shard_store import ShardStore
 
 CONTESTANTS = ("naive", "bare", "pipeline")
@@ -76,8 +77,23 @@ def run_pipeline(
 ) -> dict:
     backbone = Backbone(model, info)  # hooks on for this run only, so `run_bare` on the same model captures nothing
     try:
-        with ShardStore(out, {"benchmark": True}) as store:
+        with ShardStore(out, benchmark_provenance(info, options.storage_dtype)) as store:
             report = extract_shard("bench", samples, backbone, store, options, {"format": "benchmark"})
     finally:
         backbone.close()
     return report.to_dict()
+
+
+def benchmark_provenance(info: BackboneInfo, storage_dtype: str) -> ShardProvenance:
+    """What a benchmark's shard folder records: the backbone's layers and dtypes (no model directory, no inputs)."""
+    return ShardProvenance(
+        shard="bench",
+        model_path=info.model_type,
+        config_sha256="benchmark",
+        weights_index_sha256="benchmark",
+        layer_ids=info.layer_ids,
+        include_final=info.include_final,
+        storage_dtype=storage_dtype,
+        compute_dtype=info.compute_dtype,
+        tokenized_sha256="benchmark",
+    )

@@ -49,6 +49,8 @@ from benchmarks.report import table  # noqa: E402
 from hsx_dagster.core.extraction.backbone import BackboneInfo  # noqa: E402
 from hsx_dagster.core.layers import resolve_layers  # noqa: E402
 from hsx_dagster.core.settings import ExtractionSettings  # noqa: E402
+from hsx_dagster.core.storage.format import dtype_name  # noqa: E402
+from hsx_dagster.core.storage.provenance import StoredLayers  # noqa: E402
 from hsx_dagster.core.transformers_internals import attn_implementation_in_use  # noqa: E402
 
 LAYERS = "eagle3"
@@ -200,7 +202,7 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype, n: int, repeats: in
     for _ in range(3):
         torch.mm(a, b, out=out)
     seconds = _timed(device, lambda: [torch.mm(a, b, out=out) for _ in range(repeats)])
-    return {"shape": f"{n}^3 {str(dtype).removeprefix('torch.')}", "tflops": 2 * n**3 * repeats / seconds / 1e12}
+    return {"shape": f"{n}^3 {dtype_name(dtype)}", "tflops": 2 * n**3 * repeats / seconds / 1e12}
 
 
 def _timed(device: torch.device, function) -> float:
@@ -320,7 +322,7 @@ def truncated_backbone(causal_lm: torch.nn.Module, layer_ids: list[int], device:
     ``causal_lm`` (what hsx_dagster.core.extraction.backbone.load_backbone makes from a checkpoint)."""
     full = causal_lm.model
     config = copy.deepcopy(full.config)
-    keep = max(layer_ids) + 1
+    keep = StoredLayers(tuple(layer_ids), include_final=False).kept_decoder_layers(config.num_hidden_layers)
     config.num_hidden_layers = keep
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = config.layer_types[:keep]
@@ -339,7 +341,7 @@ def truncated_backbone(causal_lm: torch.nn.Module, layer_ids: list[int], device:
         hidden_size=int(config.hidden_size),
         layer_ids=tuple(layer_ids),
         include_final=False,
-        compute_dtype=str(dtype).removeprefix("torch."),
+        compute_dtype=dtype_name(dtype),
         device=str(device),
         attn_implementation=str(attn_implementation_in_use(config)),
         parameters=sum(p.numel() for p in backbone.parameters()),
@@ -386,7 +388,7 @@ def measure_loading(causal_lm, layer_ids: list[int], device: torch.device, dtype
         causal_lm.save_pretrained(folder, max_shard_size="4GB")
         completed = subprocess.run(
             [sys.executable, "-c", LOAD_PROBE, str(folder), json.dumps(layer_ids), str(device),
-             str(dtype).removeprefix("torch.")],
+             dtype_name(dtype)],
             capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False,
         )  # fmt: skip
         if completed.returncode != 0:

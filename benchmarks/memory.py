@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.contestants import benchmark_provenance
 from benchmarks.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from benchmarks.models import LAYERS, REPO, pick_samples, repeat_samples
 from hsx_dagster.core.extraction.backbone import load_backbone
@@ -67,7 +68,8 @@ def _child(args: argparse.Namespace) -> dict:
     )
     loaded = rss_bytes()
     resettable = reset_peak_rss()
-    with tempfile.TemporaryDirectory() as out, ShardStore(Path(out), {"benchmark": True}) as store:
+    provenance = benchmark_provenance(backbone.info, options.storage_dtype)
+    with tempfile.TemporaryDirectory() as out, ShardStore(Path(out), provenance) as store:
         report = extract_shard("memory", samples, backbone, store, options, {"format": "benchmark"})
     return {
         "samples": report.samples,

@@ -54,7 +54,7 @@ def measure_tokenization(out_dir: Path, repetitions: int) -> dict:
         for _ in range(repetitions)
     ]
     last = runs[-1]
-    records = sum(item["records"] for item in last.inputs)
+    records = sum(item.records for item in last.inputs)
     seconds = [run.elapsed_s for run in runs]
     return {
         "conversations": records,

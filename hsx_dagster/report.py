@@ -11,7 +11,9 @@ import json
 import sys
 
 from hsx_dagster.core.dataset.assembly import shard_status
-from hsx_dagster.core.extraction.batch_shape import shape_label
+from hsx_dagster.core.dataset.manifest import Manifest
+from hsx_dagster.core.extraction.batch_shape_summary import shape_label
+from hsx_dagster.core.extraction.engine import ExtractionReport
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
@@ -34,7 +36,7 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
     mean = summary.tokens / summary.samples if summary.samples else 0
     lines += [
         f"tokenized     {tokenized}",
-        f"  samples     {summary.samples:,} from {sum(i['records'] for i in summary.inputs):,} records "
+        f"  samples     {summary.samples:,} from {sum(i.records for i in summary.inputs):,} records "
         f"in {len(summary.inputs)} files; {summary.rejected} rejected, {summary.truncated} truncated",
         f"  tokens      {summary.tokens:,} (mean {mean:.0f}/sample), {summary.loss_tokens:,} supervised "
         f"({summary.loss_tokens / max(summary.tokens, 1):.0%})",
@@ -42,15 +44,15 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         f"  shards      {len(summary.shards)}, token imbalance max/mean {summary.imbalance:.4f}",
     ]
     for entry in summary.shards:
-        lines.append(f"    {entry['shard']}  {entry['samples']:>7,} samples  {entry['tokens']:>11,} tokens")
+        lines.append(f"    {entry.shard}  {entry.samples:>7,} samples  {entry.tokens:>11,} tokens")
     if summary.rejects:
         lines.append("  rejects     " + ", ".join(f"{reason} {count}" for reason, count in summary.rejects.items()))
         lines.append(f"              details: {tokenized / TOKENIZED_REJECTS_FILE}")
-    widest = max((b["samples"] for b in summary.histogram), default=1) or 1
+    widest = max((b.samples for b in summary.histogram), default=1) or 1
     lines.append("  lengths")
     for bucket in summary.histogram:
-        bar = "#" * round(40 * bucket["samples"] / widest)
-        lines.append(f"    {bucket['min']:>6}-{bucket['max']:<6} {bucket['samples']:>6}  {bar}")
+        bar = "#" * round(40 * bucket.samples / widest)
+        lines.append(f"    {bucket.min:>6}-{bucket.max:<6} {bucket.samples:>6}  {bar}")
     lines.append(f"hidden_states {settings.hidden_states_dir}")
     statuses = shard_status(settings.hidden_states_dir, settings.shard_keys, tokenized)
     for shard, state in statuses.items():
@@ -58,29 +60,23 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         totals = shard_totals(folder) if state != "missing" else None
         line = f"    {shard}  {state:<10}"
         if totals:
-            line += (
-                f" {totals['samples']:>7,} samples  {totals['tokens']:>11,} tokens  {totals['bytes'] / 1e6:>9.1f} MB"
-            )
+            line += f" {totals.samples:>7,} samples  {totals.tokens:>11,} tokens  {totals.bytes / 1e6:>9.1f} MB"
             if (folder / COMPLETE_FILE).is_file():
-                run = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))["last_run"]
-                line += (
-                    f"  last run {run['samples_per_s']:.1f} samples/s, "
-                    f"padding efficiency {run['padding_efficiency']:.3f}"
-                )
+                complete = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))
+                run = ExtractionReport.from_dict(complete["last_run"])
+                line += f"  last run {run.samples_per_s:.1f} samples/s, padding efficiency {run.padding_efficiency:.3f}"
                 lines.append(line)
                 lines += batch_shape_lines(run)
                 continue
         lines.append(line)
-    manifest_file = settings.drafter_dir / MANIFEST_FILE
-    if manifest_file.is_file():
-        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-        totals, splits = manifest["totals"], manifest["splits"]
+    if (settings.drafter_dir / MANIFEST_FILE).is_file():
+        manifest = Manifest.read(settings.drafter_dir)
         lines += [
             f"drafter       {settings.drafter_dir}",
-            f"  samples     {totals['samples']:,} ({splits['train']:,} train, {splits['val']:,} val), "
-            f"{totals['tokens']:,} tokens, {totals['bytes'] / 1e9:.3f} GB",
-            f"  layers      {manifest['layers']['ids']} (+ final norm: {manifest['layers']['include_final']}), "
-            f"hidden {manifest['hidden_size']}, stored as {manifest['storage_dtype']}",
+            f"  samples     {manifest.samples:,} ({manifest.train_samples:,} train, {manifest.val_samples:,} val), "
+            f"{manifest.tokens:,} tokens, {manifest.bytes / 1e9:.3f} GB",
+            f"  layers      {list(manifest.layers.ids)} (+ final norm: {manifest.layers.include_final}), "
+            f"hidden {manifest.hidden_size}, stored as {manifest.storage_dtype}",
             "  load it:",
             "    from hsx_dagster import DrafterDataset, collate_drafter_batch",
             f"    ds = DrafterDataset({str(settings.drafter_dir)!r}, split='train')",
@@ -92,28 +88,25 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
     return lines
 
 
-def batch_shape_lines(run: dict) -> list[str]:
+def batch_shape_lines(run: ExtractionReport) -> list[str]:
     """The batch shape of a shard's last run, and its probe table (shape -> tokens/s), indented."""
-    shape = run.get("batch_shape") or {}
-    if not shape:
+    shape = run.batch_shape
+    if shape is None:
         return []
     head = f"      batch shape {shape_label(shape)}"
-    if shape["mode"] == "fixed":
+    if shape.mode == "fixed":
         return [head]
-    lost = shape["probe_overhead_s"]
-    share = lost / run["elapsed_s"] if run.get("elapsed_s") else 0.0
     lines = [
-        f"{head}: {len(shape['probes'])} probe(s), {shape['probe_batches']} probed batches (stored like any "
-        f"other), {lost:.2f} s lost to slower shapes ({share:.1%} of the run)"
+        f"{head}: {len(shape.probes)} probe(s), {shape.probe_batches} probed batches (stored like any "
+        f"other), {shape.probe_overhead_s:.2f} s lost to slower shapes ({run.probe_share:.1%} of the run)"
     ]
-    for probe in shape["probes"]:
-        measured = [row for row in shape["probe_table"] if row["probe"] == probe["probe"]]
+    for probe in shape.probes:
+        measured = [row for row in shape.probe_table if row.probe == probe.probe]
         table = ", ".join(
-            f"{row['max_batch_tokens']:,} x {row['batch_size']} {row['tokens_per_s']:,.0f}"
-            + ("*" if row["chosen"] else "")
+            f"{row.max_batch_tokens:,} x {row.batch_size} {row.tokens_per_s:,.0f}" + ("*" if row.chosen else "")
             for row in measured
         )
-        lines.append(f"        probe {probe['probe']} ({probe['reason']}): {table or 'nothing compared'} tokens/s")
+        lines.append(f"        probe {probe.probe} ({probe.reason}): {table or 'nothing compared'} tokens/s")
     return lines
 
 

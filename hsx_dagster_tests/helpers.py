@@ -14,6 +14,7 @@ from typing import Any
 from hsx_dagster.core.extraction.shard_run import ShardJob
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
+from hsx_dagster.core.storage.provenance import ShardProvenance
 
 _MODEL_KEYS = {"include_final", "trust_remote_code"}
 _JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget"}
@@ -64,3 +65,19 @@ def tokenize(
         shards=shards,
         progress=progress,
     )
+
+
+def provenance_of(output_dir: Path, **keys: Any) -> ShardProvenance:
+    """A shard's provenance record as a run of shard-00 with layers 1 and 3 writes it; ``keys`` replace fields."""
+    fields: dict[str, Any] = dict(
+        shard="shard-00",
+        model_path=str(output_dir / "model"),
+        config_sha256="0" * 64,
+        weights_index_sha256="0" * 64,
+        layer_ids=(1, 3),
+        include_final=False,
+        storage_dtype="bfloat16",
+        compute_dtype="float32",
+        tokenized_sha256="0" * 64,
+    )
+    return ShardProvenance(**{**fields, **keys})

@@ -153,7 +153,7 @@ def template_ids(tokenizer, messages, tools) -> list[int]:
 def samples_of(out: Path, summary: TokenizedSummary) -> list[dict]:
     rows = []
     for entry in summary.shards:
-        rows += pq.read_table(tokenized_shard_file(out, entry["shard"])).to_pylist()
+        rows += pq.read_table(tokenized_shard_file(out, entry.shard)).to_pylist()
     return rows
 
 
@@ -268,7 +268,7 @@ def test_plain_chat_and_real_sharegpt_still_exact_with_workers(demo_paths, demo_
     assert two.workers == 2 and one.workers == 1
     for entry in one.shards:
         first, second = (
-            tokenized_shard_file(d, entry["shard"]).read_bytes() for d in (tmp_path / "one", tmp_path / "two")
+            tokenized_shard_file(d, entry.shard).read_bytes() for d in (tmp_path / "one", tmp_path / "two")
         )
         assert hashlib.sha256(first).digest() == hashlib.sha256(second).digest()
     assert (tmp_path / "one" / "rejects.parquet").read_bytes() == (tmp_path / "two" / "rejects.parquet").read_bytes()
@@ -286,7 +286,7 @@ def test_agentic_output_identical_with_two_workers(agentic_paths, demo_model_dir
     two = tokenize(agentic_paths, demo_model_dir, tmp_path / "two", workers=2)
     assert one.samples == two.samples > 0
     for entry in one.shards:
-        files = [tokenized_shard_file(d, entry["shard"]).read_bytes() for d in (tmp_path / "one", tmp_path / "two")]
+        files = [tokenized_shard_file(d, entry.shard).read_bytes() for d in (tmp_path / "one", tmp_path / "two")]
         assert files[0] == files[1]
 
 

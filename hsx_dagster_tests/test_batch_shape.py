@@ -82,26 +82,24 @@ def test_the_probe_finds_the_fastest_token_budget(best):
     rate = peaked_at(best)
     shaper, batches = simulate(lengths, rate)  # the default budget
     summary = shaper.summary()
-    assert summary["mode"] == "auto" and summary["probes"][0]["reason"] == "start of the shard run"
-    assert best // 2 <= summary["max_batch_tokens"] <= best * 2  # within one step of the fastest
-    assert summary["batch_size"] == summary["max_batch_tokens"] // 32  # rows follow the budget
-    for probe in summary["probes"]:
-        table = [row for row in summary["probe_table"] if row["probe"] == probe["probe"]]
-        chosen = [row for row in table if row["chosen"]]
-        assert (
-            len(chosen) == 1 and str(Shape(chosen[0]["batch_size"], chosen[0]["max_batch_tokens"])) == probe["chosen"]
-        )
+    assert summary.mode == "auto" and summary.probes[0].reason == "start of the shard run"
+    assert best // 2 <= summary.max_batch_tokens <= best * 2  # within one step of the fastest
+    assert summary.batch_size == summary.max_batch_tokens // 32  # rows follow the budget
+    for probe in summary.probes:
+        table = [row for row in summary.probe_table if row.probe == probe.probe]
+        chosen = [row for row in table if row.chosen]
+        assert len(chosen) == 1 and str(Shape(chosen[0].batch_size, chosen[0].max_batch_tokens)) == probe.chosen
     # the whole run, probes included, within 6% of running every batch at the best rate the device has
     seconds = sum(batch.real_tokens / rate(shape, batch) for shape, batch in batches)
     assert seconds <= 1.06 * int(lengths.sum()) / 20_000
-    assert summary["probe_overhead_s"] <= summary["probe_budget_s"]
+    assert summary.probe_overhead_s <= summary.probe_budget_s
 
 
 def test_the_probe_compares_shapes_on_alternating_batches():
     start = LADDERS["cpu"][1]
     shaper, batches = simulate(np.full(4000, 300), peaked_at(start * 2), budget_fraction=1.0)
-    probe = shaper.summary()["probes"][0]
-    step = probe["steps"][0]
+    probe = shaper.summary().probes[0]
+    step = probe.steps[0]
     assert (step["incumbent"], step["candidate"]) == (
         str(Shape(start // 32, start)),
         str(Shape(start // 16, start * 2)),
@@ -109,35 +107,35 @@ def test_the_probe_compares_shapes_on_alternating_batches():
     assert step["result"] == "moved" and step["ratio"] > 1
     # warm-up, then incumbent, candidate, candidate, incumbent: neighbours in the length order and in time
     assert [shape.max_batch_tokens for shape, _ in batches[:5]] == [start, start, 2 * start, 2 * start, start]
-    assert probe["chosen"] == str(Shape(start // 16, start * 2))
-    first = next(row for row in shaper.summary()["probe_table"] if row["max_batch_tokens"] == start)
-    assert first["batches"] == 3  # the warm-up batch is the starting shape's first measurement
+    assert probe.chosen == str(Shape(start // 16, start * 2))
+    first = next(row for row in shaper.summary().probe_table if row.max_batch_tokens == start)
+    assert first.batches == 3  # the warm-up batch is the starting shape's first measurement
 
 
 def test_the_probe_cost_stays_within_its_budget():
     lengths = lognormal_lengths()
     shaper, _ = simulate(lengths, peaked_at(512))  # the start (4K) is three steps from the best
     summary = shaper.summary()
-    assert 0 < summary["probe_overhead_s"] <= summary["probe_budget_s"]
+    assert 0 < summary.probe_overhead_s <= summary.probe_budget_s
     # the budget is BUDGET_FRACTION of the run's estimated time
     total = sum(int(x) for x in lengths) / 20_000
-    assert summary["probe_budget_s"] < 2 * BUDGET_FRACTION * total
-    assert summary["probe_batches"] > 0 and summary["probe_s"] > summary["probe_overhead_s"]
+    assert summary.probe_budget_s < 2 * BUDGET_FRACTION * total
+    assert summary.probe_batches > 0 and summary.probe_s > summary.probe_overhead_s
 
 
 def test_a_tiny_budget_stops_the_probe_at_the_start_shape():
     shaper, batches = simulate(lognormal_lengths(), peaked_at(512), budget_fraction=1e-6)
     summary = shaper.summary()
-    assert summary["probes"][0]["ended"] == "time budget" and summary["probes"][0]["steps"] == []
+    assert summary.probes[0].ended == "time budget" and summary.probes[0].steps == ()
     start = LADDERS["cpu"][1]
     assert {shape.max_batch_tokens for shape, _ in batches} == {start}
-    assert summary["probe_overhead_s"] == 0
+    assert summary.probe_overhead_s == 0
 
 
 def test_fixed_numbers_win_and_are_never_probed():
     lengths = lognormal_lengths()
     shaper, batches = simulate(lengths, peaked_at(512), batch_size=16, max_batch_tokens=8192)
-    assert shaper.summary()["mode"] == "fixed" and shaper.summary()["probes"] == []
+    assert shaper.summary().mode == "fixed" and shaper.summary().probes == ()
     planned = plan_batches(lengths, 16, 8192)
     assert [b.rows for _, b in batches] == [b.rows for b in planned]
 
@@ -145,18 +143,18 @@ def test_fixed_numbers_win_and_are_never_probed():
 def test_a_fixed_row_cap_probes_only_the_token_budget():
     shaper, batches = simulate(lognormal_lengths(), peaked_at(1024), batch_size=8, budget_fraction=1.0)
     summary = shaper.summary()
-    assert summary["mode"] == "auto max_batch_tokens"
+    assert summary.mode == "auto max_batch_tokens"
     assert {shape.batch_size for shape, _ in batches} == {8}
-    assert summary["batch_size"] == 8
+    assert summary.batch_size == 8
 
 
 def test_a_fixed_token_budget_probes_only_the_row_cap():
     # 16K tokens fixed; the simulated device prefers ~2K-token batches, which only a row cap can give
     shaper, batches = simulate(lognormal_lengths(), peaked_at(2048), max_batch_tokens=16384, budget_fraction=1.0)
     summary = shaper.summary()
-    assert summary["mode"] == "auto batch_size"
+    assert summary.mode == "auto batch_size"
     assert {shape.max_batch_tokens for shape, _ in batches} == {16384}
-    assert summary["batch_size"] < 16384 // 32  # fewer rows than the start: smaller batches
+    assert summary.batch_size < 16384 // 32  # fewer rows than the start: smaller batches
 
 
 def test_a_drop_in_throughput_triggers_another_probe():
@@ -171,17 +169,17 @@ def test_a_drop_in_throughput_triggers_another_probe():
         return base(shape, batch) * slowdown * (1.5 if slowdown < 1 and shape.max_batch_tokens <= 1024 else 1.0)
 
     shaper, _ = simulate(lengths, rate, budget_fraction=1.0)
-    probes = shaper.summary()["probes"]
+    probes = shaper.summary().probes
     assert len(probes) >= 2
-    assert "throughput dropped" in probes[1]["reason"]
-    assert shaper.summary()["max_batch_tokens"] <= 1024
+    assert "throughput dropped" in probes[1].reason
+    assert shaper.summary().max_batch_tokens <= 1024
 
 
 def test_shorter_samples_trigger_another_probe():
     lengths = np.concatenate([np.full(300, 2000), np.full(4000, 150)])
     shaper, _ = simulate(lengths, peaked_at(4096), budget_fraction=1.0)
-    probes = shaper.summary()["probes"]
-    assert len(probes) == 2 and "longest sample left is 150 tokens" in probes[1]["reason"]
+    probes = shaper.summary().probes
+    assert len(probes) == 2 and "longest sample left is 150 tokens" in probes[1].reason
 
 
 def test_out_of_memory_lowers_the_budget_for_the_rest_of_the_run():
@@ -201,8 +199,8 @@ def test_out_of_memory_lowers_the_budget_for_the_rest_of_the_run():
         shaper.record(batch, Lap(seconds=batch.real_tokens / rate(shape, batch)))
         used.append(batch)
     summary = shaper.summary()
-    assert summary["token_cap_reason"] == "out of memory" and summary["token_cap"] <= 6000
-    assert summary["max_batch_tokens"] <= 6000
+    assert summary.token_cap_reason == "out of memory" and summary.token_cap <= 6000
+    assert summary.max_batch_tokens <= 6000
     assert max(b.computed_tokens for b in used if len(b.rows) > 1) <= 6000
 
 
@@ -215,7 +213,7 @@ def test_a_window_of_slow_batches_is_needed_before_reprobing():
         return 200.0 if calls["n"] == 60 else 20_000.0
 
     shaper, _ = simulate(lengths, one_slow_batch, budget_fraction=1.0)
-    assert WINDOW > 1 and len(shaper.summary()["probes"]) == 1  # one slow batch is noise, not a drop
+    assert WINDOW > 1 and len(shaper.summary().probes) == 1  # one slow batch is noise, not a drop
 
 
 @pytest.mark.parametrize("value, expected", [("auto", None), ("AUTO", None), (None, None), (64, 64), ("64", 64)])
@@ -293,10 +291,10 @@ def test_an_auto_run_stores_what_a_fixed_shape_run_stores(tokenized, demo_model_
     auto = run_shard(auto_job(tokenized, tmp_path / "auto", demo_model_dir, layers), progress=messages.append)
     run_shard(make_job(tokenized, tmp_path / "fixed", demo_model_dir, layers, batch_size=8))
     shape = auto.report.batch_shape
-    assert shape["mode"] == "auto" and shape["probes"][0]["reason"] == "start of the shard run"
-    assert len({(r["batch_size"], r["max_batch_tokens"]) for r in shape["probe_table"]}) >= 2
-    assert shape["probe_batches"] >= 3 and shape["probe_s"] > 0
-    assert auto.report.final_max_batch_tokens == shape["max_batch_tokens"]
+    assert shape.mode == "auto" and shape.probes[0].reason == "start of the shard run"
+    assert len({(r.batch_size, r.max_batch_tokens) for r in shape.probe_table}) >= 2
+    assert shape.probe_batches >= 3 and shape.probe_s > 0
+    assert auto.report.final_max_batch_tokens == shape.max_batch_tokens
     assert any("batch shape probe 0 (start of the shard run)" in m and "tokens/s ->" in m for m in messages)
 
     reference = reference_states(demo_model_dir, tokenized)
@@ -346,7 +344,7 @@ def test_a_crashed_auto_run_resumes_without_losing_or_redoing_a_sample(
     # the resumed run (probe included) computed exactly the samples that were not committed
     assert resumed.report.samples_skipped == committed_samples
     assert resumed.report.samples == sum(seen_rows) == 28 - committed_samples
-    assert resumed.report.batch_shape["probes"]  # it probed again, on its own pending samples
+    assert resumed.report.batch_shape.probes  # it probed again, on its own pending samples
     assert all((out / chunk).stat().st_mtime_ns == mtime for chunk, mtime in mtimes.items())
     stored = stored_samples(out)  # asserts that no sample is stored twice
     table = read_tokenized_shard(tokenized, "shard-00")
@@ -368,9 +366,9 @@ def test_out_of_memory_during_the_probe_is_remembered(tokenized, demo_model_dir,
     monkeypatch.setattr(Backbone, "forward", small_device)
     result = run_shard(auto_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4)))
     shape = result.report.batch_shape
-    assert result.report.oom_splits > 0 and shape["token_cap_reason"] == "out of memory"
-    assert shape["token_cap"] <= 3000 and result.report.final_max_batch_tokens <= 3000
-    assert all(row["max_batch_tokens"] <= 4096 for row in shape["probe_table"])
+    assert result.report.oom_splits > 0 and shape.token_cap_reason == "out of memory"
+    assert shape.token_cap <= 3000 and result.report.final_max_batch_tokens <= 3000
+    assert all(row.max_batch_tokens <= 4096 for row in shape.probe_table)
     stored = stored_samples(tmp_path / "out")
     assert sorted(stored) == sorted(read_tokenized_shard(tokenized, "shard-00").column("sample_id").to_pylist())
 
@@ -379,6 +377,7 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
     from dagster import MetadataValue
 
     from hsx_dagster.assets.hidden_states import hidden_states_metadata
+    from hsx_dagster.core.extraction.engine import ExtractionReport
     from hsx_dagster.report import batch_shape_lines
 
     job = auto_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4))
@@ -386,21 +385,21 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
     metadata = hidden_states_metadata(result, job)
     shape = result.report.batch_shape
     assert metadata["batch_size"] == "auto" and metadata["max_batch_tokens"] == "auto"  # the settings
-    assert metadata["batch_shape"] == f"{shape['max_batch_tokens']:,} tokens x {shape['batch_size']} rows (auto)"
-    assert metadata["batch_size_used"] == shape["batch_size"]
-    assert metadata["max_batch_tokens_used"] == shape["max_batch_tokens"]
-    assert metadata["probe_s"] == round(shape["probe_s"], 3)
-    assert metadata["probe_overhead_s"] == round(shape["probe_overhead_s"], 3)
+    assert metadata["batch_shape"] == f"{shape.max_batch_tokens:,} tokens x {shape.batch_size} rows (auto)"
+    assert metadata["batch_size_used"] == shape.batch_size
+    assert metadata["max_batch_tokens_used"] == shape.max_batch_tokens
+    assert metadata["probe_s"] == round(shape.probe_s, 3)
+    assert metadata["probe_overhead_s"] == round(shape.probe_overhead_s, 3)
     assert 0 <= metadata["probe_share_of_run"] < 1
     assert isinstance(metadata["probe_table"], type(MetadataValue.md("")))
     text = metadata["probe_table"].value
     assert "| probe | max_batch_tokens | batch_size |" in text and "tokens/s" in text
-    for row in shape["probe_table"]:
-        assert f"| {row['max_batch_tokens']:,} | {row['batch_size']:,} |" in text
+    for row in shape.probe_table:
+        assert f"| {row.max_batch_tokens:,} | {row.batch_size:,} |" in text
 
     last_run = json.loads((tmp_path / "out" / "complete.json").read_text())["last_run"]
-    lines = batch_shape_lines(last_run)
-    assert lines[0].strip().startswith(f"batch shape {shape['max_batch_tokens']:,} tokens x {shape['batch_size']} rows")
+    lines = batch_shape_lines(ExtractionReport.from_dict(last_run))
+    assert lines[0].strip().startswith(f"batch shape {shape.max_batch_tokens:,} tokens x {shape.batch_size} rows")
     assert "probe" in lines[0] and any("tokens/s" in line for line in lines[1:])
 
     fixed_job = make_job(tokenized, tmp_path / "fixed", demo_model_dir, (1, 4))
@@ -431,7 +430,7 @@ def test_an_auto_run_killed_during_the_probe_resumes_without_losing_or_duplicati
 
     result = run_shard(shard_job(**job))
     assert result.report.samples_skipped == committed and result.report.samples == 28 - committed
-    assert result.report.batch_shape["mode"] == "auto"
+    assert result.report.batch_shape.mode == "auto"
     stored = stored_samples(out)  # asserts no sample is stored twice
     reference = reference_states(demo_model_dir, tokenized)
     assert stored.keys() == reference.keys()

@@ -119,7 +119,7 @@ def test_run_config_overrides_settings(small_corpus_settings_file):
         assert result.success
     summary = TokenizedSummary.read(small_corpus_settings_file.parent / "out" / "tokenized")
     assert summary.options["max_length"] == 128
-    assert max(b["max"] for b in summary.histogram if b["samples"]) <= 128
+    assert max(b.max for b in summary.histogram if b.samples) <= 128
 
 
 def test_check_fails_when_a_shard_file_is_tampered_with(small_corpus_settings_file):

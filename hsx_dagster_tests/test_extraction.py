@@ -18,7 +18,7 @@ from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import provenance_of, shard_job, tokenize
 from hsx_dagster_tests.sweeps import sweep
 
 
@@ -100,7 +100,7 @@ def test_stored_states_equal_a_per_sample_reference_fp32(
     reference = reference_states(model, tokenized)
     table = read_tokenized_shard(tokenized, "shard-00")
     stored = stored_samples(tmp_path / "out")
-    assert set(stored) == set(reference) and result.totals["samples"] == len(reference)
+    assert set(stored) == set(reference) and result.totals.samples == len(reference)
     assert result.report.padding_efficiency < 1.0 or batch_size == 1  # mixed lengths in one batch
     for row in table.select(["sample_id", "input_ids", "loss_mask"]).to_pylist():
         sample, ref = stored[row["sample_id"]], reference[row["sample_id"]]
@@ -215,9 +215,9 @@ def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
     table = read_tokenized_shard(tokenized, "shard-00")
     tokens = int(np.sum(table.column("num_tokens").to_numpy()))
     payload = tokens * 2 * 64 * 2  # tokens x layers x hidden x bf16
-    assert result.totals["tokens"] == tokens
+    assert result.totals.tokens == tokens
     # Ids, masks and offsets cost 5 bytes per token plus a header: never a padded row.
-    assert payload < result.totals["bytes"] < payload + tokens * 6 + 64 * 1024
+    assert payload < result.totals.bytes < payload + tokens * 6 + 64 * 1024
 
 
 def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir, tmp_path):
@@ -249,9 +249,10 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir,
 def test_two_runs_of_one_shard_never_both_write(tokenized, demo_model_dir, tmp_path):
     from hsx_dagster.core.storage.shard_store import ShardStore
 
-    with ShardStore(tmp_path / "out", {"a": 1}), pytest.raises(StoreError, match="being written by another run"):
-        ShardStore(tmp_path / "out", {"a": 1})
-    ShardStore(tmp_path / "out", {"a": 1}).close()  # released with its holder
+    made = provenance_of(tmp_path / "out")
+    with ShardStore(tmp_path / "out", made), pytest.raises(StoreError, match="being written by another run"):
+        ShardStore(tmp_path / "out", made)
+    ShardStore(tmp_path / "out", made).close()  # released with its holder
 
 
 def test_flash_attention_without_the_package_is_a_clear_error(tokenized, demo_model_dir, tmp_path):

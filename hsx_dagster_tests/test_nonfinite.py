@@ -102,6 +102,7 @@ def test_quarantine_sets_samples_aside_with_a_reason(storage_dtype, poisoned, to
     summary = assemble(
         tokenized, tmp_path / "hidden_states", ["shard-00"], tmp_path / "drafter", val_fraction=0.2, settings={}
     )
-    assert summary.manifest["quarantined"] == {"samples": 2, "file": DRAFTER_QUARANTINE_FILE} and summary.samples == 26
+    quarantined = (summary.manifest.quarantined_samples, summary.manifest.quarantine_file)
+    assert quarantined == (2, DRAFTER_QUARANTINE_FILE) and summary.samples == 26
     coverage = check_coverage(tmp_path / "drafter", tokenized)
     assert coverage.passed and coverage.metadata["quarantined"] == 2, coverage.description

@@ -25,6 +25,7 @@ from hsx_dagster.assets.regenerated import (
     regenerated_conversations_complete,
 )
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
+from hsx_dagster.core.inputs.conversations import Reject
 from hsx_dagster.core.inputs.tokenization import TokenizedSummary
 from hsx_dagster.core.regenerate.checks import check_regenerated
 from hsx_dagster.core.regenerate.local_backend import LocalBackend
@@ -35,7 +36,6 @@ from hsx_dagster.core.regenerate.turns import (
     ConversationJob,
     FailureReason,
     Generated,
-    InputReject,
     SourceConversation,
     iter_inputs,
     split_reasoning,
@@ -166,7 +166,7 @@ def test_consolidation_accounts_for_duplicates_parser_rejects_and_failures(tmp_p
         "\n".join([json.dumps(conversation), "{not json", json.dumps(conversation), json.dumps(other)]) + "\n"
     )
     items = list(iter_inputs([inputs]))
-    assert isinstance(items[1], InputReject) and items[0].id == items[2].id
+    assert isinstance(items[1], Reject) and items[0].id == items[2].id
     with RegenStore(tmp_path / "regen", {}) as store:
         job = ConversationJob(items[0], "all", "keep")
         job.accept(Generated("hey", None, "stop", 2))
@@ -560,7 +560,7 @@ def run_pipeline(settings_file: Path) -> dict:
     assert tokenized_meta["read_from"].value == "regenerated_conversations"
     out = settings_file.parent / "out"
     summary = TokenizedSummary.read(out / "tokenized")
-    assert [entry["path"] for entry in summary.inputs] == [str(out / "regenerated" / "conversations.jsonl")]
+    assert [entry.path for entry in summary.inputs] == [str(out / "regenerated" / "conversations.jsonl")]
     assert metadata["drafter_dataset"]["samples"].value == summary.samples > 0
     return metadata
 

@@ -121,11 +121,9 @@ def test_bad_record_becomes_a_reject_row_with_its_location_and_reason(case, corp
 def test_every_record_of_the_corpus_is_a_sample_or_a_reject(corpus_run):
     summary, rejects, samples = corpus_run
     for entry in summary.inputs:
-        rows = [r for r in rejects if r["source"] == entry["path"]] + [
-            s for s in samples if s["source"] == entry["path"]
-        ]
-        assert len(rows) == entry["records"] == entry["samples"] + entry["rejects"], entry
-        assert sorted(r["source_index"] for r in rows) == list(range(entry["records"]))  # each record once
+        rows = [r for r in rejects if r["source"] == entry.path] + [s for s in samples if s["source"] == entry.path]
+        assert len(rows) == entry.records == entry.samples + entry.rejects, entry
+        assert sorted(r["source_index"] for r in rows) == list(range(entry.records))  # each record once
     assert summary.samples == 2  # the first of the duplicates and the file with a byte-order mark
 
 

@@ -104,18 +104,18 @@ def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_sha
     redone = run_shard(
         job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"), progress=logged.append
     )
-    chunks = len(first.totals["chunks"])
+    chunks = len(first.totals.chunks)
     assert any(
-        f"deleted {chunks} chunks holding {first.totals['samples']} samples" in line and "storage_dtype" in line
+        f"deleted {chunks} chunks holding {first.totals.samples} samples" in line and "storage_dtype" in line
         for line in logged
     ), logged
-    assert redone.report.samples_skipped == 0 and redone.totals["samples"] == first.totals["samples"]
+    assert redone.report.samples_skipped == 0 and redone.totals.samples == first.totals.samples
     assert json.loads((folder / "shard.json").read_text())["storage_dtype"] == "float32"
     assert (folder / "notes.txt").read_text() == "the user's own file"
-    assert redone.totals["bytes"] > first.totals["bytes"]  # every chunk is float32 now: none of the old ones is left
+    assert redone.totals.bytes > first.totals.bytes  # every chunk is float32 now: none of the old ones is left
     # start_over only acts on a mismatch: the same settings again resume (nothing to do).
     again = run_shard(job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"))
-    assert again.report.samples == 0 and again.report.samples_skipped == first.totals["samples"]
+    assert again.report.samples == 0 and again.report.samples_skipped == first.totals.samples
 
 
 def test_a_changed_description_is_recorded_not_refused(few_inputs, demo_model_dir, tmp_path):
@@ -130,7 +130,7 @@ def test_a_changed_description_is_recorded_not_refused(few_inputs, demo_model_di
     before = files_of(folder)
 
     again = run_shard(job(tmp_path, "shard-00", demo_model_dir, layer_preset="eagle3"))
-    assert again.report.samples == 0 and again.report.samples_skipped == first.totals["samples"]
+    assert again.report.samples == 0 and again.report.samples_skipped == first.totals.samples
     recorded = json.loads((folder / "shard.json").read_text())
     assert recorded["layer_preset"] == "eagle3" and recorded["model"] == provenance["model"]
     assert {name: stamp for name, stamp in files_of(folder).items() if name.startswith("chunk-")} == {

@@ -76,7 +76,7 @@ def test_every_reject_reason_is_recorded_with_its_location(tmp_path, demo_model_
     # Nothing is lost: every line is a sample or a reject.
     assert summary.samples + summary.rejected == len(good) + len(bad)
     assert summary.rejects == {reason: 1 for reason in sorted(expected)}
-    assert summary.inputs[0]["records"] == len(good) + len(bad)
+    assert summary.inputs[0].records == len(good) + len(bad)
     # In one process, the same rejects and samples, byte for byte.
     in_process = tokenize([path], demo_model_dir, tmp_path / "one", min_loss_tokens=10, shards=2, workers=1)
     assert in_process.workers == 1 and summary.workers == 2
@@ -138,13 +138,13 @@ def test_layout_schema_and_shard_balance_on_the_demo(demo_paths, demo_model_dir,
         assert np.array_equal(lengths, table.column("num_tokens").to_numpy())
         masks = table.column("loss_mask").combine_chunks().flatten().to_numpy()
         assert set(np.unique(masks)) <= {0, 1}
-    loads = [s["tokens"] for s in summary.shards]
+    loads = [s.tokens for s in summary.shards]
     assert summary.imbalance == pytest.approx(max(loads) / np.mean(loads), abs=1e-5)
     assert summary.imbalance < 1.01
     assert sum(loads) == summary.tokens
     assert 300 <= summary.tokens / summary.samples <= 400
-    assert sum(b["samples"] for b in summary.histogram) == summary.samples
-    assert summary.histogram[-1]["max"] >= 2000
+    assert sum(b.samples for b in summary.histogram) == summary.samples
+    assert summary.histogram[-1].max >= 2000
     assert TokenizedSummary.read(out) == summary
     # The demo's deliberately flawed records are all accounted for.
     assert summary.rejected >= 5

@@ -70,7 +70,7 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
             f"settings ({loaded.shards} shards); they are not part of the dataset: delete them to free their space"
         )
     rows = ["| shard | samples | quarantined | tokens | size |", "|---|---:|---:|---:|---:|"] + [
-        f"| {s['shard']} | {s['samples']:,} | {s['quarantined']:,} | {s['tokens']:,} | {format_bytes(s['bytes'])} |"
+        f"| {s.shard} | {s.samples:,} | {s.quarantined:,} | {s.tokens:,} | {format_bytes(s.bytes)} |"
         for s in summary.shards
     ]
     return MaterializeResult(
@@ -83,10 +83,10 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
             "quarantine_column_schema": arrow_column_schema(DRAFTER_QUARANTINE_SCHEMA),
             "train_samples": summary.train_samples,
             "val_samples": summary.val_samples,
-            "layers": MetadataValue.json(summary.manifest["layers"]),
-            "storage_dtype": summary.manifest["storage_dtype"],
-            "quantization": MetadataValue.json(summary.manifest["quantization"] or {}),
-            "quarantined_samples": summary.manifest["quarantined"]["samples"],
+            "layers": MetadataValue.json(summary.manifest.layers.to_dict()),
+            "storage_dtype": summary.manifest.storage_dtype,
+            "quantization": MetadataValue.json(summary.manifest.quantization or {}),
+            "quarantined_samples": summary.manifest.quarantined_samples,
             "per_shard": MetadataValue.md("\n".join(rows)),
             "how_to_load": MetadataValue.md(HOW_TO_LOAD.format(path=loaded.drafter_dir)),
             "path": MetadataValue.path(str(loaded.drafter_dir)),

@@ -15,7 +15,7 @@ from dagster import (
 
 from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import sized
-from hsx_dagster.core.extraction.batch_shape import probe_table_markdown, shape_label
+from hsx_dagster.core.extraction.batch_shape_summary import probe_table_markdown, shape_label
 from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
 from hsx_dagster.pools import GPU_POOL
 from hsx_dagster.resources import GpuResource, HsxSettings
@@ -55,11 +55,11 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
 def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
     report, info = result.report, result.backbone
     return {
-        "dagster/row_count": result.totals["samples"],
-        "samples": result.totals["samples"],
-        "tokens": result.totals["tokens"],
-        **sized("bytes", result.totals["bytes"]),
-        "bytes_per_token": round(result.totals["bytes"] / max(result.totals["tokens"], 1), 1),
+        "dagster/row_count": result.totals.samples,
+        "samples": result.totals.samples,
+        "tokens": result.totals.tokens,
+        **sized("bytes", result.totals.bytes),
+        "bytes_per_token": round(result.totals.bytes / max(result.totals.tokens, 1), 1),
         "samples_this_run": report.samples,
         "quarantined": result.quarantined,
         "quarantined_this_run": MetadataValue.json(report.quarantined[:20]),
@@ -89,9 +89,9 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "batch_size_used": report.final_batch_size,
         "max_batch_tokens_used": report.final_max_batch_tokens,
         "probe_table": MetadataValue.md(probe_table_markdown(report.batch_shape)),
-        "probe_s": round(report.batch_shape.get("probe_s", 0.0), 3),
-        "probe_overhead_s": round(report.batch_shape.get("probe_overhead_s", 0.0), 3),
+        "probe_s": round(report.batch_shape.probe_s if report.batch_shape else 0.0, 3),
+        "probe_overhead_s": round(report.batch_shape.probe_overhead_s if report.batch_shape else 0.0, 3),
         "probe_share_of_run": round(report.probe_share, 4),
-        "chunks": MetadataValue.json(result.totals["chunks"]),
+        "chunks": MetadataValue.json(list(result.totals.chunks)),
         "path": MetadataValue.path(str(job.output_dir)),
     }

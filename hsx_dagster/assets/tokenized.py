@@ -23,7 +23,7 @@ from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.inputs.checks import check_tokenized
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import LengthBucket, ShardLoad, TokenizedSummary, tokenize_dataset
 from hsx_dagster.core.regenerate.store import regenerated_input
 from hsx_dagster.core.settings import DatasetSettings
 from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA
@@ -151,22 +151,22 @@ def estimate_metadata(estimate: dict[str, dict[str, int]]) -> dict:
     }
 
 
-def shard_table(shards: list[dict]) -> str:
+def shard_table(shards: list[ShardLoad]) -> str:
     rows = ["| shard | samples | tokens |", "|---|---:|---:|"]
-    rows += [f"| {s['shard']} | {s['samples']:,} | {s['tokens']:,} |" for s in shards]
+    rows += [f"| {s.shard} | {s.samples:,} | {s.tokens:,} |" for s in shards]
     return "\n".join(rows)
 
 
-def histogram_table(histogram: list[dict]) -> str:
+def histogram_table(histogram: list[LengthBucket]) -> str:
     """Token lengths as a markdown table narrow enough not to wrap in the UI's metadata column: ranges joined
     by a non-breaking hyphen, a share and a bar of at most 12 blocks."""
-    total = sum(bucket["samples"] for bucket in histogram) or 1
-    widest = max((bucket["samples"] for bucket in histogram), default=0) or 1
+    total = sum(bucket.samples for bucket in histogram) or 1
+    widest = max((bucket.samples for bucket in histogram), default=0) or 1
     rows = ["| tokens | samples | share |", "|---:|---:|:---|"]
     for bucket in histogram:
-        bar = "\u2588" * max(1 if bucket["samples"] else 0, round(12 * bucket["samples"] / widest))
-        share = f"{100 * bucket['samples'] / total:.0f}%"
-        rows.append(f"| {bucket['min']:,}\u2011{bucket['max']:,} | {bucket['samples']:,} | {bar}\u00a0{share} |")
+        bar = "\u2588" * max(1 if bucket.samples else 0, round(12 * bucket.samples / widest))
+        share = f"{100 * bucket.samples / total:.0f}%"
+        rows.append(f"| {bucket.min:,}\u2011{bucket.max:,} | {bucket.samples:,} | {bar}\u00a0{share} |")
     return "\n".join(rows)
 
 

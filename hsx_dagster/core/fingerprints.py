@@ -23,9 +23,9 @@ from pathlib import Path
 
 from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.settings import Settings
+from hsx_dagster.core.storage.files import file_sha256
 from hsx_dagster.core.storage.format import DRAFTER_VERSION, HIDDEN_STATES_VERSION, TOKENIZED_VERSION
 
-HASH_BLOCK = 8 * 2**20
 CACHE_FILE = "input_fingerprints.json"
 
 
@@ -35,14 +35,6 @@ class FileFingerprint:
     bytes: int
     mtime_ns: int
     sha256: str
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fingerprint_files(paths: Sequence[Path], cache_file: Path | None = None) -> list[FileFingerprint]:
@@ -60,7 +52,7 @@ def fingerprint_files(paths: Sequence[Path], cache_file: Path | None = None) -> 
         if entry and entry.get("bytes") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns:
             digest = entry["sha256"]
         else:
-            digest = _file_sha256(resolved)
+            digest = file_sha256(resolved)
         prints.append(FileFingerprint(str(resolved), stat.st_size, stat.st_mtime_ns, digest))
     if cache_file is not None:
         with contextlib.suppress(OSError):  # a read-only output folder only costs a re-hash next time

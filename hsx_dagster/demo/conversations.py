@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
+
 T = TypeVar("T")
 Message = dict[str, str]
 Conversation = list[Message]
@@ -867,13 +869,13 @@ class _TextGenerator:
         if self.rng.random() < 0.5:
             answer = self.rng.choice(("Sure!", "Good question.", "Here is how.", "Certainly.")) + "\n\n" + answer
         if with_reasoning:
-            return f"<think>\n{self.reasoning()}\n</think>\n\n{answer}"
+            return f"{THINK_OPEN}\n{self.reasoning()}\n{THINK_CLOSE}\n\n{answer}"
         return answer
 
     def tool_call_message(self, with_reasoning: bool) -> str:
         text = f"Let me {self.verb()} the {self.noun()} with the `{self.ident()}` tool first."
         if with_reasoning:
-            return f"<think>\n{self.reasoning()}\n</think>\n\n{text}"
+            return f"{THINK_OPEN}\n{self.reasoning()}\n{THINK_CLOSE}\n\n{text}"
         return text
 
     def tool_output(self) -> str:

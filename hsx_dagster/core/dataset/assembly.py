@@ -19,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from safetensors import safe_open
 
 from hsx_dagster import __version__
+from hsx_dagster.core.dataset.manifest import Manifest, ManifestLayers, ShardStats
 from hsx_dagster.core.inputs.tokenization import (
     TokenizedSummary,
     read_tokenized_shard,
@@ -36,20 +37,20 @@ from hsx_dagster.core.inputs.tokenization import (
 from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.model_info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import write_atomic
+from hsx_dagster.core.storage.files import file_sha256
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
-    DRAFTER_FORMAT,
     DRAFTER_INDEX_FILE,
     DRAFTER_INDEX_SCHEMA,
     DRAFTER_QUARANTINE_FILE,
     DRAFTER_QUARANTINE_SCHEMA,
-    DRAFTER_VERSION,
     MANIFEST_FILE,
     SHARD_FILE,
     STORAGE_DTYPES,
 )
+from hsx_dagster.core.storage.provenance import ShardProvenance
 from hsx_dagster.core.storage.quantization import FP8_DTYPE, scale_layout
-from hsx_dagster.core.storage.shard_store import read_index, read_quarantine, totals_of
+from hsx_dagster.core.storage.shard_store import ShardTotals, read_index, read_quarantine
 
 
 class AssemblyError(RuntimeError):
@@ -63,8 +64,8 @@ class DrafterSummary:
     bytes: int
     train_samples: int
     val_samples: int
-    shards: list[dict]
-    manifest: dict
+    shards: tuple[ShardStats, ...]
+    manifest: Manifest
     ignored_folders: list[str] = field(default_factory=list)  # hidden_states/<name> that is not a current shard
 
 
@@ -84,9 +85,9 @@ def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_d
         elif not (folder / COMPLETE_FILE).is_file():
             status[shard] = "incomplete"
         else:
-            provenance = json.loads((folder / SHARD_FILE).read_text(encoding="utf-8"))
+            provenance = ShardProvenance.read(folder)
             table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
-            status[shard] = "complete" if provenance.get("tokenized_sha256") == tokenized_digest(table) else "stale"
+            status[shard] = "complete" if provenance.tokenized_sha256 == tokenized_digest(table) else "stale"
     return status
 
 
@@ -99,8 +100,68 @@ def assemble(
     val_fraction: float,
     settings: dict,
 ) -> DrafterSummary:
+    """Index every committed sample of ``shard_keys`` (each complete, made from the current tokenized dataset and
+    like the others) into ``out_dir``: index.parquet, quarantine.parquet, manifest.json."""
+    provenance = _check_shards(tokenized_dir, Path(hidden_states_dir), list(shard_keys))
+    ignored = sorted(
+        path.name for path in Path(hidden_states_dir).iterdir() if path.is_dir() and path.name not in shard_keys
+    )
+    index, quarantined, shard_stats, hidden_size = _index_shards(
+        tokenized_dir, Path(hidden_states_dir), shard_keys, val_fraction
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / DRAFTER_INDEX_FILE, _parquet_bytes(index))
+    write_atomic(out_dir / DRAFTER_QUARANTINE_FILE, _parquet_bytes(quarantined))
+    splits = index.column("split").to_pylist()
+    manifest = Manifest(
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        hsx_version=__version__,
+        model=_model_record(provenance, TokenizedSummary.read(tokenized_dir)),
+        layers=ManifestLayers(
+            ids=provenance.layer_ids,
+            convention=LAYER_CONVENTION,
+            include_final=provenance.include_final,
+            preset=provenance.layer_preset,
+            num_hidden_layers=_model_description(provenance)["num_hidden_layers"],
+        ),
+        # no chunk at all (every sample quarantined): the width recorded, or the model's config says
+        hidden_size=hidden_size
+        or provenance.hidden_size
+        or ModelInfo.read(provenance.model_path).require_hidden_size(),
+        compute_dtype=provenance.compute_dtype,
+        storage_dtype=provenance.storage_dtype,
+        quantization=None,
+        samples=index.num_rows,
+        tokens=sum(s.tokens for s in shard_stats),
+        bytes=sum(s.bytes for s in shard_stats),
+        quarantined_samples=quarantined.num_rows,
+        quarantine_file=DRAFTER_QUARANTINE_FILE,
+        val_fraction=val_fraction,
+        train_samples=splits.count("train"),
+        val_samples=splits.count("val"),
+        shards=tuple(shard_stats),
+        settings=settings,
+        index=DRAFTER_INDEX_FILE,
+    )
+    if STORAGE_DTYPES[provenance.storage_dtype] == FP8_DTYPE:  # how to de-quantise without this package
+        manifest = replace(manifest, quantization=scale_layout(manifest.hidden_size))
+    write_atomic(out_dir / MANIFEST_FILE, json.dumps(manifest.to_dict(), indent=2).encode())
+    return DrafterSummary(
+        samples=manifest.samples,
+        tokens=manifest.tokens,
+        bytes=manifest.bytes,
+        train_samples=manifest.train_samples,
+        val_samples=manifest.val_samples,
+        shards=manifest.shards,
+        manifest=manifest,
+        ignored_folders=ignored,
+    )
+
+
+def _check_shards(tokenized_dir: Path, hidden_states_dir: Path, shard_keys: list[str]) -> ShardProvenance:
+    """Every shard complete, made from the current tokenized dataset and like the first; its provenance."""
     made = tokenized_shard_keys(tokenized_dir)
-    if made and made != list(shard_keys):
+    if made and made != shard_keys:
         # Assembling other shards than the tokenized ones would drop samples or read stale ones.
         raise AssemblyError(
             f"cannot assemble the drafter dataset: the tokenized dataset in {tokenized_dir} has {len(made)} shards, "
@@ -120,27 +181,22 @@ def assemble(
         raise AssemblyError(
             f"cannot assemble the drafter dataset: shards not ready: {listed}; materialize them first{stale}"
         )
-    ignored = sorted(
-        path.name for path in Path(hidden_states_dir).iterdir() if path.is_dir() and path.name not in shard_keys
-    )
-
-    provenances = {s: json.loads((hidden_states_dir / s / SHARD_FILE).read_text(encoding="utf-8")) for s in shard_keys}
-    shared_keys = (
-        "config_sha256",
-        "weights_index_sha256",
-        "layer_ids",
-        "include_final",
-        "storage_dtype",
-        "compute_dtype",
-    )
+    provenances = {shard: ShardProvenance.read(hidden_states_dir / shard) for shard in shard_keys}
     first = provenances[shard_keys[0]]
     for shard, provenance in provenances.items():
-        differing = [k for k in shared_keys if provenance.get(k) != first.get(k)]
+        differing = first.differs_for_a_dataset(provenance)
         if differing:
             raise AssemblyError(
                 f"{shard} was made differently from {shard_keys[0]} ({', '.join(differing)}); re-run it"
             )
+    return first
 
+
+def _index_shards(
+    tokenized_dir: Path, hidden_states_dir: Path, shard_keys: Sequence[str], val_fraction: float
+) -> tuple[pa.Table, pa.Table, list[ShardStats], int | None]:
+    """The index (one row per committed sample, by sample id), the quarantined samples, each shard's totals,
+    and the width of the stored states (None when no chunk was committed)."""
     columns: dict[str, list] = {name: [] for name in DRAFTER_INDEX_SCHEMA.names}
     quarantined: dict[str, list] = {name: [] for name in DRAFTER_QUARANTINE_SCHEMA.names}
     shard_stats, hidden_size = [], None
@@ -165,95 +221,52 @@ def assemble(
                 columns["split"].append(split_of(sample_id, val_fraction))
         set_aside = read_quarantine(folder)
         for entry in set_aside:
-            for name, value in (
-                ("sample_id", entry.sample_id),
-                ("shard", shard),
-                ("reason", entry.reason),
-                ("detail", entry.detail),
-            ):
-                quarantined[name].append(value)
-        totals = totals_of(records)
-        shard_stats.append({"shard": shard, **totals, "chunks": len(totals["chunks"]), "quarantined": len(set_aside)})
-    total_bytes = sum(s["bytes"] for s in shard_stats)
+            quarantined["sample_id"].append(entry.sample_id)
+            quarantined["shard"].append(shard)
+            quarantined["reason"].append(entry.reason)
+            quarantined["detail"].append(entry.detail)
+        totals = ShardTotals.of(records)
+        shard_stats.append(
+            ShardStats(shard, totals.samples, totals.tokens, totals.bytes, len(totals.chunks), len(set_aside))
+        )
+    index = pa.table(columns, schema=DRAFTER_INDEX_SCHEMA).sort_by("sample_id")
+    return index, pa.table(quarantined, schema=DRAFTER_QUARANTINE_SCHEMA), shard_stats, hidden_size
 
-    table = pa.table(columns, schema=DRAFTER_INDEX_SCHEMA).sort_by("sample_id")
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _parquet_bytes(table: pa.Table) -> bytes:
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer)
-    write_atomic(out_dir / DRAFTER_INDEX_FILE, buffer.getvalue().to_pybytes())
-    buffer = pa.BufferOutputStream()
-    pq.write_table(pa.table(quarantined, schema=DRAFTER_QUARANTINE_SCHEMA), buffer)
-    write_atomic(out_dir / DRAFTER_QUARANTINE_FILE, buffer.getvalue().to_pybytes())
+    return buffer.getvalue().to_pybytes()
 
-    tokenized = TokenizedSummary.read(tokenized_dir)
-    model_path = Path(first["model_path"])
-    if hidden_size is None:  # no chunk at all (every sample quarantined)
-        hidden_size = ModelInfo.read(model_path).require_hidden_size()
+
+def _model_record(provenance: ShardProvenance, tokenized: TokenizedSummary) -> dict:
+    """The manifest's ``model``: where it is, what defines it (hashes of its config, weights and tokenizer, the
+    libraries that read them) and the text model's description."""
+    model_path = Path(provenance.model_path)
     tokenizer_file = model_path / "tokenizer.json"
-    description = _model_description(first, model_path)
-    splits = table.column("split").to_pylist()
-    manifest = {
-        "format": DRAFTER_FORMAT,
-        "format_version": DRAFTER_VERSION,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "hsx_version": __version__,
-        "model": {
-            "path": str(model_path),
-            "config_sha256": first["config_sha256"],
-            "weights_index_sha256": first["weights_index_sha256"],
-            "tokenizer_sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()
-            if tokenizer_file.is_file()
-            else None,
-            "chat_template_sha256_16": tokenized.tokenizer["chat_template_sha256_16"],
-            # the class transformers loaded the tokenizer files as, and the library versions (None: older data)
-            "tokenizer_class": tokenized.tokenizer.get("class"),
-            "tokenizer_files_sha256": tokenized.tokenizer.get("files_sha256"),
-            "transformers_version": tokenized.tokenizer.get("transformers_version"),
-            "tokenizers_version": tokenized.tokenizer.get("tokenizers_version"),
-            # the text model: num_hidden_layers (the N of the layer presets), hidden_size, architecture
-            **description,
-        },
-        "layers": {
-            "ids": first["layer_ids"],
-            "convention": LAYER_CONVENTION,
-            "include_final": first["include_final"],
-            "preset": first.get("layer_preset"),  # eagle3, dflash-K, or None for an explicit list of ids
-            "num_hidden_layers": description["num_hidden_layers"],
-        },
-        "hidden_size": hidden_size,
-        "compute_dtype": first["compute_dtype"],
-        "storage_dtype": first["storage_dtype"],
-        # null for bfloat16/float16/float32; for fp8 how to de-quantise without this package
-        "quantization": scale_layout(hidden_size) if STORAGE_DTYPES[first["storage_dtype"]] == FP8_DTYPE else None,
-        "totals": {"samples": table.num_rows, "tokens": sum(s["tokens"] for s in shard_stats), "bytes": total_bytes},
-        "quarantined": {"samples": len(quarantined["sample_id"]), "file": DRAFTER_QUARANTINE_FILE},
-        "splits": {"val_fraction": val_fraction, "train": splits.count("train"), "val": splits.count("val")},
-        "shards": shard_stats,
-        "settings": settings,
-        "index": DRAFTER_INDEX_FILE,
-        "chunks_root": "..",  # chunk paths in the index are relative to this (the output folder)
+    return {
+        "path": str(model_path),
+        "config_sha256": provenance.config_sha256,
+        "weights_index_sha256": provenance.weights_index_sha256,
+        "tokenizer_sha256": file_sha256(tokenizer_file) if tokenizer_file.is_file() else None,
+        "chat_template_sha256_16": tokenized.tokenizer["chat_template_sha256_16"],
+        # the class transformers loaded the tokenizer files as, and the library versions (None: older data)
+        "tokenizer_class": tokenized.tokenizer.get("class"),
+        "tokenizer_files_sha256": tokenized.tokenizer.get("files_sha256"),
+        "transformers_version": tokenized.tokenizer.get("transformers_version"),
+        "tokenizers_version": tokenized.tokenizer.get("tokenizers_version"),
+        # the text model: num_hidden_layers (the N of the layer presets), hidden_size, architecture
+        **_model_description(provenance),
     }
-    write_atomic(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
-    return DrafterSummary(
-        samples=table.num_rows,
-        tokens=manifest["totals"]["tokens"],
-        bytes=total_bytes,
-        train_samples=manifest["splits"]["train"],
-        val_samples=manifest["splits"]["val"],
-        shards=shard_stats,
-        manifest=manifest,
-        ignored_folders=ignored,
-    )
 
 
-def _model_description(provenance: dict, model_path: Path) -> dict:
+def _model_description(provenance: ShardProvenance) -> dict:
     """What shard.json says the text model is; read from the model's config.json for shards made before
     shard.json recorded it (None where neither says)."""
-    recorded = provenance.get("model")
-    if isinstance(recorded, dict):
-        return recorded
+    if provenance.model is not None:
+        return provenance.model
     try:
-        return ModelInfo.read(model_path).describe()
+        return ModelInfo.read(provenance.model_path).describe()
     except ModelDirError:
         keys = ("architecture", "architectures", "model_type", "text_model_type", "num_hidden_layers", "hidden_size")
         return dict.fromkeys(keys)

@@ -14,7 +14,6 @@ The Dagster asset checks are thin wrappers over these.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -26,19 +25,14 @@ import pyarrow.parquet as pq
 import torch
 
 from hsx_dagster.core.check_outcome import CheckOutcome
+from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
-from hsx_dagster.core.storage.format import (
-    COMPUTE_DTYPES,
-    DRAFTER_INDEX_FILE,
-    DRAFTER_QUARANTINE_FILE,
-    HIDDEN_STATES_FORMAT,
-    MANIFEST_FILE,
-)
+from hsx_dagster.core.storage.format import COMPUTE_DTYPES, DRAFTER_INDEX_FILE, DRAFTER_QUARANTINE_FILE
+from hsx_dagster.core.storage.provenance import ChunkLayout, chunk_header
 from hsx_dagster.core.storage.shard_checks import (
     MAX_LISTED,
-    ChunkLayout,
     LayerStatistics,
     chunk_problems,
     chunk_rows_mismatching,
@@ -52,17 +46,9 @@ STORAGE_TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2, "float8
 REDUCED_COMPUTE_TOLERANCE = 4e-2
 
 
-def _manifest(drafter_dir: Path) -> dict:
-    return json.loads((drafter_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
-
-
-def _chunks_root(drafter_dir: Path, manifest: dict) -> Path:
-    return (drafter_dir / manifest.get("chunks_root", "..")).resolve()
-
-
 def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
-    manifest = _manifest(drafter_dir)
-    root = _chunks_root(drafter_dir, manifest)
+    manifest = Manifest.read(drafter_dir)
+    root = manifest.chunks_dir(drafter_dir)
     index = pq.read_table(drafter_dir / DRAFTER_INDEX_FILE)
     problems: list[str] = []
     counts = Counter(index.column("sample_id").to_pylist())
@@ -87,7 +73,7 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
     rows_by_chunk: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for row in index.select(["sample_id", "chunk", "position"]).to_pylist():
         rows_by_chunk[row["chunk"]].append((row["sample_id"], row["position"]))
-    for shard in [s["shard"] for s in manifest["shards"]]:
+    for shard in manifest.shard_keys:
         tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
         expected_total += tokenized.num_rows
         wanted = {sample_id: row for row, sample_id in enumerate(tokenized.column("sample_id").to_pylist())}
@@ -122,13 +108,12 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
 
 
 def check_integrity(drafter_dir: Path) -> CheckOutcome:
-    manifest = _manifest(drafter_dir)
-    root = _chunks_root(drafter_dir, manifest)
-    layout = ChunkLayout.of_manifest(manifest)
-    header = {"format": HIDDEN_STATES_FORMAT, "storage_dtype": manifest["storage_dtype"]}
+    manifest = Manifest.read(drafter_dir)
+    root = manifest.chunks_dir(drafter_dir)
+    layout = ChunkLayout(manifest.layers.stored, manifest.hidden_size, manifest.storage_dtype)
     problems: list[str] = []
     checked = total_bytes = 0
-    for shard in [s["shard"] for s in manifest["shards"]]:
+    for shard in manifest.shard_keys:
         folder = root / "hidden_states" / shard
         try:
             records = read_index(folder)
@@ -139,7 +124,8 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
             path = folder / record.chunk
             checked += 1
             total_bytes += path.stat().st_size if path.is_file() else 0
-            problems += chunk_problems(path, record, layout, {**header, "shard": shard})
+            header = chunk_header(shard, manifest.layers.stored, manifest.storage_dtype)
+            problems += chunk_problems(path, record, layout, header)
     return CheckOutcome(
         not problems,
         "; ".join(problems[:MAX_LISTED]) or f"{checked} chunks: checksums, shapes and dtypes as recorded",
@@ -148,10 +134,10 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
 
 
 def check_numerics(drafter_dir: Path) -> CheckOutcome:
-    manifest = _manifest(drafter_dir)
-    root = _chunks_root(drafter_dir, manifest)
-    stats = LayerStatistics(manifest["layers"]["ids"], manifest["layers"]["include_final"])
-    for shard in [s["shard"] for s in manifest["shards"]]:
+    manifest = Manifest.read(drafter_dir)
+    root = manifest.chunks_dir(drafter_dir)
+    stats = LayerStatistics(manifest.layers.stored)
+    for shard in manifest.shard_keys:
         folder = root / "hidden_states" / shard
         for record in read_index(folder):
             stats.add_chunk(folder / record.chunk)
@@ -182,24 +168,23 @@ def check_parity(
     from hsx_dagster.core.model_info import check_model_dir
 
     dataset = DrafterDataset(drafter_dir, dtype=torch.float32)
-    manifest = dataset.manifest
+    manifest = dataset.record
     if compute_dtype is None:
-        compute_dtype = COMPUTE_DTYPES.get(manifest["compute_dtype"], torch.float32)
-    tolerance = STORAGE_TOLERANCE[manifest["storage_dtype"]] + (
+        compute_dtype = COMPUTE_DTYPES.get(manifest.compute_dtype, torch.float32)
+    tolerance = STORAGE_TOLERANCE[manifest.storage_dtype] + (
         0.0 if compute_dtype == torch.float32 else REDUCED_COMPUTE_TOLERANCE
     )
     picked = sorted(random.Random(seed).sample(range(len(dataset)), min(samples, len(dataset))))
     wanted = {dataset.sample_ids[i] for i in picked}
     tokenized_ids: dict[int, list[int]] = {}
-    for shard in [s["shard"] for s in manifest["shards"]]:
+    for shard in manifest.shard_keys:
         table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids"])
         for row in table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted), pa.int64()))).to_pylist():
             tokenized_ids[row["sample_id"]] = row["input_ids"]
-    model_info = check_model_dir(Path(manifest["model"]["path"]))
-    layer_ids = manifest["layers"]["ids"]
-    include_final = bool(manifest["layers"]["include_final"])
-    num_layers = manifest["model"].get("num_hidden_layers") or model_info.num_hidden_layers
-    keep = num_layers if include_final else max(layer_ids) + 1
+    model_info = check_model_dir(manifest.model_path)
+    layers = manifest.layers.stored
+    num_layers = manifest.model.get("num_hidden_layers") or model_info.num_hidden_layers
+    keep = layers.kept_decoder_layers(num_layers)
     loaded = load_text_decoder(
         model_info, keep, device=device, compute_dtype=compute_dtype, trust_remote_code=trust_remote_code
     )
@@ -207,7 +192,7 @@ def check_parity(
     # Hugging Face's last hidden state is after the final norm; the raw last kept layer needs a hook.
     last_layer_output: list[torch.Tensor] = []
     hook = None
-    if keep - 1 in layer_ids:
+    if keep - 1 in layers.ids:
         hook = decoder_layers(model)[keep - 1].register_forward_hook(
             lambda module, inputs, output: last_layer_output.append(output[0] if isinstance(output, tuple) else output)
         )
@@ -224,18 +209,18 @@ def check_parity(
                 last_layer_output.clear()
                 input_ids = torch.tensor([source], dtype=torch.int64, device=device)
                 outputs = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
-                references = {
-                    f"layer {i}": (last_layer_output[0] if i == keep - 1 else outputs.hidden_states[i + 1])[0]
-                    for i in layer_ids
-                }
-                stored = {f"layer {i}": sample["hidden_states"][:, k] for k, i in enumerate(layer_ids)}
-                if "final_hidden_states" in sample:
-                    references["final"] = outputs.last_hidden_state[0]
-                    stored["final"] = sample["final_hidden_states"]
+                # one entry per stored slot, named as the layers' statistics name them
+                references = [
+                    (last_layer_output[0] if i == keep - 1 else outputs.hidden_states[i + 1])[0] for i in layers.ids
+                ]
+                stored = [sample["hidden_states"][:, k] for k in range(len(layers.ids))]
+                if layers.include_final:
+                    references.append(outputs.last_hidden_state[0])
+                    stored.append(sample["final_hidden_states"])
                 sample_ok = True
-                for name, reference in references.items():
+                for name, reference, kept in zip(layers.slot_names, references, stored):
                     reference = reference.float().cpu()
-                    error = (stored[name].float() - reference).norm(dim=-1) / reference.norm(dim=-1).clamp_min(1e-6)
+                    error = (kept.float() - reference).norm(dim=-1) / reference.norm(dim=-1).clamp_min(1e-6)
                     worst[name] = max(worst[name], float(error.max()))
                     sample_ok &= bool(error.max() <= tolerance)
                 if not sample_ok:

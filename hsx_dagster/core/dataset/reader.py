@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 import torch
 from safetensors import SafetensorError, safe_open
 
+from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.storage.chunk_reader import read_sample
-from hsx_dagster.core.storage.format import DRAFTER_INDEX_FILE, MANIFEST_FILE, FormatError, check_drafter_manifest
+from hsx_dagster.core.storage.format import MANIFEST_FILE, FormatError, check_drafter_manifest
 
 
 class DatasetError(RuntimeError):
@@ -52,20 +53,24 @@ class DrafterDataset(torch.utils.data.Dataset):
         if not manifest_file.is_file():
             raise DatasetError(f"{manifest_file} not found: is {self.path} an assembled drafter dataset?")
         try:
+            # the parsed manifest.json (what trainers read), and the same as a typed record
             self.manifest = check_drafter_manifest(json.loads(manifest_file.read_text(encoding="utf-8")), manifest_file)
+            self.record = Manifest.from_dict(self.manifest)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{manifest_file}: not valid JSON ({exc})") from None
         except FormatError as exc:
             raise DatasetError(str(exc)) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DatasetError(f"{manifest_file}: not a complete manifest (missing or unreadable {exc})") from None
         if split not in (None, "train", "val"):
             raise ValueError(f"split must be 'train', 'val' or None, not {split!r}")
-        table = pq.read_table(self.path / self.manifest.get("index", DRAFTER_INDEX_FILE))
+        table = pq.read_table(self.path / self.record.index)
         if split is not None:
             table = table.filter(pc.equal(table.column("split"), split))
         self.split = split
         self.dtype = dtype
         self.raw = raw
-        self._root = (self.path / self.manifest.get("chunks_root", "..")).resolve()
+        self._root = self.record.chunks_dir(self.path)
         self._sample_ids = table.column("sample_id").to_pylist()
         self._chunks = table.column("chunk").to_pylist()
         self._positions = table.column("position").to_pylist()
@@ -85,30 +90,30 @@ class DrafterDataset(torch.utils.data.Dataset):
         """The target's text model as the manifest records it: ``num_hidden_layers``, ``hidden_size``,
         ``architecture`` (the release's, e.g. Qwen3_5ForConditionalGeneration), ``model_type``,
         ``text_model_type``, plus ``path`` and the hashes of its config, weights index and tokenizer."""
-        return dict(self.manifest["model"])
+        return dict(self.record.model)
 
     @property
     def num_hidden_layers(self) -> int | None:
         """Decoder layers of the target's text model: the N the layer presets were resolved with."""
-        return self.manifest["model"].get("num_hidden_layers")
+        return self.record.model.get("num_hidden_layers")
 
     @property
     def hidden_size(self) -> int:
-        return int(self.manifest["hidden_size"])
+        return self.record.hidden_size
 
     @property
     def architecture(self) -> str | None:
-        return self.manifest["model"].get("architecture")
+        return self.record.model.get("architecture")
 
     @property
     def layer_ids(self) -> list[int]:
         """Stored layer ids, in the order of the L axis of ``hidden_states`` (id i = output of decoder layer i)."""
-        return list(self.manifest["layers"]["ids"])
+        return list(self.record.layers.ids)
 
     @property
     def layer_preset(self) -> str | None:
         """The preset the ids were resolved from (``eagle3``, ``dflash-K``), None for an explicit list."""
-        return self.manifest["layers"].get("preset")
+        return self.record.layers.preset
 
     @property
     def num_tokens(self) -> list[int]:
@@ -142,10 +147,7 @@ class DrafterDataset(torch.utils.data.Dataset):
             self._open, self._pid = {}, os.getpid()
         if name not in self._open:
             if Path(name).is_absolute() or ".." in Path(name).parts:  # the index names files under the dataset only
-                raise DatasetError(
-                    f"{self.path / self.manifest.get('index', DRAFTER_INDEX_FILE)}: chunk path {name!r} leaves "
-                    "the dataset"
-                )
+                raise DatasetError(f"{self.path / self.record.index}: chunk path {name!r} leaves the dataset")
             path = self._root / name
             try:
                 handle = safe_open(str(path), framework="pt")

@@ -37,6 +37,8 @@ import torch
 
 from hsx_dagster.core.choices import AttnImplementation
 from hsx_dagster.core.model_info import ModelInfo, text_weights_prefix, weight_names
+from hsx_dagster.core.storage.format import dtype_name
+from hsx_dagster.core.storage.provenance import FINAL_SLOT, StoredLayers
 from hsx_dagster.core.transformers_internals import AttentionFlags, attn_implementation_in_use
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,11 @@ class BackboneInfo:
     attn_implementation: str  # the one resolved and used (never `auto`)
     parameters: int  # parameters of the loaded (truncated) text decoder
 
+    @property
+    def layers(self) -> StoredLayers:
+        """The states each token gets from this backbone."""
+        return StoredLayers(self.layer_ids, self.include_final)
+
 
 class Backbone:
     """A truncated decoder stack whose forward pass fills `captured` with the requested layers."""
@@ -79,7 +86,7 @@ class Backbone:
         layers = decoder_layers(model)
         self._handles = [layers[i].register_forward_hook(self._capture_hook(i)) for i in info.layer_ids]
         if info.include_final:
-            self._handles.append(final_norm(model).register_forward_hook(self._capture_hook("final")))
+            self._handles.append(final_norm(model).register_forward_hook(self._capture_hook(FINAL_SLOT)))
 
     def _capture_hook(self, key: int | str):
         def hook(module, inputs, output):
@@ -216,7 +223,7 @@ def attention_support(flags: AttentionFlags, device: torch.device, compute_dtype
             elif compute_dtype not in (torch.bfloat16, torch.float16):
                 reason = (
                     f"flash-attention computes in bfloat16 or float16 and extraction.compute_dtype resolves to "
-                    f"{str(compute_dtype).removeprefix('torch.')}"
+                    f"{dtype_name(compute_dtype)}"
                 )
         reasons[implementation] = reason
     return reasons
@@ -340,7 +347,7 @@ def load_backbone(
     num_layers = model.num_hidden_layers
     if max(layer_ids) >= num_layers or min(layer_ids) < 0:
         raise BackboneError(f"layer ids {list(layer_ids)} out of range for {num_layers} decoder layers")
-    keep = num_layers if include_final else max(layer_ids) + 1
+    keep = StoredLayers(tuple(sorted(layer_ids)), include_final).kept_decoder_layers(num_layers)
     loaded = load_text_decoder(
         model,
         keep,
@@ -365,7 +372,7 @@ def load_backbone(
         hidden_size=loaded.hidden_size,
         layer_ids=tuple(sorted(layer_ids)),
         include_final=include_final,
-        compute_dtype=str(compute_dtype).removeprefix("torch."),
+        compute_dtype=dtype_name(compute_dtype),
         device=str(device),
         attn_implementation=loaded.attn_implementation,
         parameters=loaded.parameters,

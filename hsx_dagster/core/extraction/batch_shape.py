@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hsx_dagster.core.choices import parse_auto_or_positive
+from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary, ProbeRecord, ProbeRow
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder
 
 log = logging.getLogger(__name__)
@@ -247,50 +248,49 @@ class BatchShaper:
         # during the warm-up: the next batch, cut under the lowered budget, warms up again
         return self.cap
 
-    def summary(self) -> dict:
+    def summary(self) -> BatchShapeSummary:
         table = []
         for probe in self.probes:
             best = probe.shapes.get(probe.chosen) if probe.chosen else None
             for shape, side in sorted(probe.shapes.items(), key=_size):
                 table.append(
-                    {
-                        "probe": probe.number,
-                        "batch_size": shape.batch_size,
-                        "max_batch_tokens": shape.max_batch_tokens,
-                        "batches": side.batches,
-                        "tokens": side.tokens,
-                        "seconds": round(side.seconds, 4),
-                        "tokens_per_s": round(side.rate, 1),
-                        "vs_chosen": round(side.rate / best.rate, 3) if best and best.rate else None,
-                        "chosen": shape == probe.chosen,
-                    }
+                    ProbeRow(
+                        probe=probe.number,
+                        batch_size=shape.batch_size,
+                        max_batch_tokens=shape.max_batch_tokens,
+                        batches=side.batches,
+                        tokens=side.tokens,
+                        seconds=round(side.seconds, 4),
+                        tokens_per_s=round(side.rate, 1),
+                        vs_chosen=round(side.rate / best.rate, 3) if best and best.rate else None,
+                        chosen=shape == probe.chosen,
+                    )
                 )
-        return {
-            "mode": {"fixed": "fixed", "tokens": "auto" if self.rows is None else "auto max_batch_tokens"}.get(
-                self.axis, "auto batch_size"
-            ),
-            "batch_size": self.current.batch_size,
-            "max_batch_tokens": self.current.max_batch_tokens,
-            "probes": [
-                {
-                    "probe": p.number,
-                    "reason": p.reason,
-                    "longest_tokens": p.started_length,
-                    "chosen": str(p.chosen) if p.chosen else None,
-                    "ended": p.ended,
-                    "steps": p.steps,
-                }
+        modes = {"fixed": "fixed", "tokens": "auto" if self.rows is None else "auto max_batch_tokens"}
+        return BatchShapeSummary(
+            mode=modes.get(self.axis, "auto batch_size"),
+            batch_size=self.current.batch_size,
+            max_batch_tokens=self.current.max_batch_tokens,
+            probes=tuple(
+                ProbeRecord(
+                    probe=p.number,
+                    reason=p.reason,
+                    longest_tokens=p.started_length,
+                    chosen=str(p.chosen) if p.chosen else None,
+                    ended=p.ended,
+                    steps=tuple(p.steps),
+                )
                 for p in self.probes
-            ],
-            "probe_table": table,
-            "probe_batches": self.probe_batches,
-            "probe_s": round(self.probe_s, 4),
-            "probe_overhead_s": round(self.overhead_s, 4),
-            "probe_budget_s": round(self.budget_s, 4),
-            "probes_skipped_for_budget": self._skipped_for_budget,
-            "token_cap": self.cap,
-            "token_cap_reason": self.cap_reason or None,
-        }
+            ),
+            probe_table=tuple(table),
+            probe_batches=self.probe_batches,
+            probe_s=round(self.probe_s, 4),
+            probe_overhead_s=round(self.overhead_s, 4),
+            probe_budget_s=round(self.budget_s, 4),
+            probes_skipped_for_budget=self._skipped_for_budget,
+            token_cap=self.cap,
+            token_cap_reason=self.cap_reason or None,
+        )
 
     # --- the probe ----------------------------------------------------------------------------
 
@@ -510,40 +510,3 @@ class LapTimer:
 
     def total(self) -> float:
         return sum(lap.seconds(block=True) or 0.0 for lap in self.laps)
-
-
-def shape_label(summary: dict) -> str:
-    """``2,048 tokens x 64 rows (auto)``: the shape a run ended with, and how it was chosen."""
-    if not summary:
-        return "none (nothing left to extract)"
-    return f"{summary['max_batch_tokens']:,} tokens x {summary['batch_size']} rows ({summary['mode']})"
-
-
-def probe_table_markdown(summary: dict) -> str:
-    """The probe table (shape -> tokens/s, one line per shape and probe) and what each probe chose."""
-    rows = summary.get("probe_table") or []
-    if not rows:
-        return "No probe: " + (
-            "both batch limits are fixed." if summary.get("mode") == "fixed" else "nothing was extracted."
-        )
-    lines = [
-        "| probe | max_batch_tokens | batch_size | batches | tokens | device s | tokens/s | x chosen | chosen |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for row in rows:
-        ratio = f"{row['vs_chosen']:.3f}" if row["vs_chosen"] is not None else ""
-        lines.append(
-            f"| {row['probe']} | {row['max_batch_tokens']:,} | {row['batch_size']:,} | {row['batches']} | "
-            f"{row['tokens']:,} | {row['seconds']:.3f} | {row['tokens_per_s']:,.0f} | {ratio} | "
-            f"{'yes' if row['chosen'] else ''} |"
-        )
-    lines.append("")
-    for probe in summary.get("probes", []):
-        lines.append(f"- probe {probe['probe']} ({probe['reason']}): {probe['chosen']}; stopped: {probe['ended']}")
-    lines.append(
-        f"- {summary['probe_batches']} probed batches (all stored), {summary['probe_s']:.3f} s of device time; "
-        f"{summary['probe_overhead_s']:.3f} s lost to the slower shapes (budget {summary['probe_budget_s']:.3f} s)"
-    )
-    if summary.get("token_cap"):
-        lines.append(f"- token budget capped at {summary['token_cap']:,}: {summary['token_cap_reason']}")
-    return "\n".join(lines)

@@ -9,7 +9,6 @@ The CPU is never locked: runs on the CPU share it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -18,7 +17,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+
+from hsx_dagster.core.storage.files import FileLock
 
 
 class DeviceBusyError(RuntimeError):
@@ -52,12 +52,11 @@ def candidate_devices(devices: Sequence[str], cuda_count: int) -> list[str]:
 @dataclass
 class DeviceClaim:
     device: str
-    _handle: IO[str] | None
+    _lock: FileLock | None  # None: the CPU (and Apple's mps) are shared, never locked
 
     def release(self) -> None:
-        if self._handle is not None and not self._handle.closed:
-            fcntl.flock(self._handle, fcntl.LOCK_UN)
-            self._handle.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> DeviceClaim:
         return self
@@ -87,19 +86,13 @@ def claim_device(
     deadline = time.monotonic() + wait_s
     while True:
         for device in order:
-            handle = open(lock_dir / f"{device.replace(':', '-')}.lock", "a+")  # noqa: SIM115 (held for the claim's lifetime)
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
+            lock = FileLock.try_acquire(_lock_file(lock_dir, device))
+            if lock is None:
                 continue
-            handle.seek(0)
-            handle.truncate()
-            handle.write(
+            lock.record_holder(
                 json.dumps({"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
             )
-            handle.flush()
-            return DeviceClaim(device, handle)
+            return DeviceClaim(device, lock)
         if time.monotonic() >= deadline:
             holders = "; ".join(f"{d}: {_holder(lock_dir, d)}" for d in order)
             raise DeviceBusyError(
@@ -109,11 +102,15 @@ def claim_device(
         time.sleep(poll_s)
 
 
+def _lock_file(lock_dir: Path, device: str) -> Path:
+    return lock_dir / f"{device.replace(':', '-')}.lock"
+
+
 def _holder(lock_dir: Path, device: str) -> str:
     try:
-        info = json.loads((lock_dir / f"{device.replace(':', '-')}.lock").read_text())
+        info = json.loads(FileLock.holder(_lock_file(lock_dir, device)))
         return f"held by {info['owner']} (pid {info['pid']} on {info['host']})"
-    except (OSError, ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
         return "held"
 
 

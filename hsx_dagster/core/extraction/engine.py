@@ -21,7 +21,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,7 @@ import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, LapTimer, Shape
+from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
@@ -59,11 +60,19 @@ class ExtractionReport:
     device: str
     quarantined: list[dict]  # samples set aside by this run, with the reason
     final_batch_size: int = 0  # rows cap in use at the end
-    batch_shape: dict = field(default_factory=dict)  # how the shape was chosen: BatchShaper.summary()
+    batch_shape: BatchShapeSummary | None = None  # how the shape was chosen (None: nothing was extracted)
 
     @classmethod
     def nothing_to_do(cls, shard: str, samples_total: int, device: torch.device) -> ExtractionReport:
         return cls(shard, samples_total, samples_total, 0, 0, 0, 0, [], 0, 0.0, 0.0, 0, 0, 0, str(device), [])
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ExtractionReport:
+        """A report as `to_dict` wrote it (complete.json's ``last_run``)."""
+        fields = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        shape = fields.get("batch_shape")
+        fields["batch_shape"] = BatchShapeSummary.from_dict(shape) if shape else None
+        return cls(**fields)
 
     @property
     def samples_per_s(self) -> float:
@@ -84,12 +93,13 @@ class ExtractionReport:
     @property
     def probe_share(self) -> float:
         """Time lost to the batch shape probes' slower shapes, as a share of the run."""
-        lost = self.batch_shape.get("probe_overhead_s", 0.0)
+        lost = self.batch_shape.probe_overhead_s if self.batch_shape else 0.0
         return lost / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_dict(self) -> dict:
         return {
             **asdict(self),
+            "batch_shape": self.batch_shape.to_dict() if self.batch_shape else {},
             "samples_per_s": round(self.samples_per_s, 2),
             "tokens_per_s": round(self.tokens_per_s, 1),
             "padding_efficiency": round(self.padding_efficiency, 4),
@@ -147,9 +157,12 @@ def extract_shard(
     )
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
-    slot_names = [f"layer {i}" for i in backbone.info.layer_ids] + (["final"] if backbone.info.include_final else [])
     writer = ChunkWriter(
-        store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slot_names
+        store,
+        extraction.chunk_bytes,
+        metadata,
+        nan_policy=extraction.nan_policy,
+        slot_names=backbone.info.layers.slot_names,
     )
     extracted = tokens = computed = batches = oom_splits = 0
     last_report = started
@@ -263,7 +276,7 @@ def _run_batch(
 
     started = timer.start(sync=measured)
     captured = backbone.forward(input_tensor, mask_tensor)
-    slots = list(backbone.info.layer_ids) + (["final"] if backbone.info.include_final else [])
+    slots = backbone.info.layers.capture_keys
     hidden_size = captured[slots[0]].shape[-1]
     fp8 = storage_dtype == FP8_DTYPE
     # Layers are gathered into one [T, L, H] tensor; fp8 gathers in the compute dtype, then quantises.

@@ -6,7 +6,6 @@ Everything that can be wrong with the inputs is checked before the model loads.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,25 +15,22 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from hsx_dagster import __version__
 from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenization import read_tokenized_shard, tokenized_digest
-from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.model_info import ModelInfo, check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings, ModelSettings, Settings
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
     COMPUTE_DTYPES,
-    HIDDEN_STATES_FORMAT,
-    HIDDEN_STATES_VERSION,
     STORAGE_DTYPES,
+    dtype_name,
 )
-from hsx_dagster.core.storage.quantization import FP8_DTYPE, scale_layout
-from hsx_dagster.core.storage.shard_store import ShardStore, read_quarantine, shard_totals
+from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage.shard_store import ShardStore, ShardTotals, read_quarantine, shard_totals
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +73,7 @@ class ShardResult:
     report: ExtractionReport
     backbone: BackboneInfo | None  # None when every sample was already done and no model was loaded
     compute_dtype: str
-    totals: dict  # over every committed chunk of the shard, this run's and earlier ones
+    totals: ShardTotals  # over every committed chunk of the shard, this run's and earlier ones
     quarantined: int  # samples of the shard set aside with a reason, by this run and earlier ones
 
 
@@ -109,21 +105,20 @@ def _run_on_device(
 ) -> ShardResult:
     extraction = job.extraction
     compute_dtype = resolve_compute_dtype(extraction.compute_dtype, device)
-    provenance = {
-        "format": HIDDEN_STATES_FORMAT,
-        "format_version": HIDDEN_STATES_VERSION,
-        "shard": job.shard,
-        "model_path": str(job.model.path),
-        **model.fingerprint(),
-        "layer_ids": list(job.layer_ids),
-        "layer_convention": LAYER_CONVENTION,
-        "layer_preset": job.model.layer_preset,
-        "model": model.describe(),  # layer count, width and architecture of the text model
-        "include_final": job.model.include_final,
-        "storage_dtype": extraction.storage_dtype,
-        "compute_dtype": str(compute_dtype).removeprefix("torch."),
-        "tokenized_sha256": tokenized_digest(table),
-    }
+    prints = model.fingerprint()
+    provenance = ShardProvenance(
+        shard=job.shard,
+        model_path=str(job.model.path),
+        config_sha256=prints["config_sha256"],
+        weights_index_sha256=prints["weights_index_sha256"],
+        layer_ids=tuple(job.layer_ids),
+        layer_preset=job.model.layer_preset,
+        model=model.describe(),  # layer count, width and architecture of the text model
+        include_final=job.model.include_final,
+        storage_dtype=extraction.storage_dtype,
+        compute_dtype=dtype_name(compute_dtype),
+        tokenized_sha256=tokenized_digest(table),
+    )
     with ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=report) as store:
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
         todo = store.pending_mask(table.column("sample_id").to_numpy())
@@ -134,7 +129,7 @@ def _run_on_device(
                 job, table, store, provenance, ExtractionReport.nothing_to_do(job.shard, table.num_rows, device), None
             )
         report(
-            f"{job.shard}: {table.num_rows} samples on {device} ({provenance['compute_dtype']} compute, "
+            f"{job.shard}: {table.num_rows} samples on {device} ({provenance.compute_dtype} compute, "
             f"{extraction.storage_dtype} storage), layers {list(job.layer_ids)}"
         )
         backbone = load_backbone(
@@ -146,17 +141,6 @@ def _run_on_device(
             attn_implementation=extraction.attn_implementation,
             trust_remote_code=job.model.trust_remote_code,
         )
-        metadata = {
-            "format": HIDDEN_STATES_FORMAT,
-            "format_version": str(HIDDEN_STATES_VERSION),
-            "shard": job.shard,
-            "layer_ids": json.dumps(list(job.layer_ids)),
-            "include_final": json.dumps(job.model.include_final),
-            "storage_dtype": extraction.storage_dtype,
-            "hsx_version": __version__,
-        }
-        if STORAGE_DTYPES[extraction.storage_dtype] == FP8_DTYPE:
-            metadata["quantization"] = json.dumps(scale_layout(backbone.info.hidden_size))
         try:
             result = extract_shard(
                 job.shard,
@@ -164,7 +148,7 @@ def _run_on_device(
                 backbone,
                 store,
                 extraction,
-                metadata,
+                provenance.chunk_metadata(backbone.info.hidden_size),
                 pad_token_id=_pad_token_id(backbone),
                 probe_budget=job.probe_budget,
                 progress=report,
@@ -176,17 +160,28 @@ def _run_on_device(
 
 
 def _finish(
-    job: ShardJob, table: pa.Table, store: ShardStore, provenance: dict, result: ExtractionReport, info
+    job: ShardJob,
+    table: pa.Table,
+    store: ShardStore,
+    provenance: ShardProvenance,
+    result: ExtractionReport,
+    info: BackboneInfo | None,
 ) -> ShardResult:
     totals = shard_totals(job.output_dir)
     quarantined = len(read_quarantine(job.output_dir))
-    if totals["samples"] + quarantined != table.num_rows:
+    if totals.samples + quarantined != table.num_rows:
         raise RuntimeError(
-            f"{job.shard}: {totals['samples']} samples committed and {quarantined} quarantined, expected "
-            f"{table.num_rows}"
+            f"{job.shard}: {totals.samples} samples committed and {quarantined} quarantined, expected {table.num_rows}"
         )
-    store.mark_complete({**totals, "quarantined": quarantined, "provenance": provenance, "last_run": result.to_dict()})
-    return ShardResult(result, info, provenance["compute_dtype"], totals, quarantined)
+    store.mark_complete(
+        {
+            **totals.to_dict(),
+            "quarantined": quarantined,
+            "provenance": provenance.to_dict(),
+            "last_run": result.to_dict(),
+        }
+    )
+    return ShardResult(result, info, provenance.compute_dtype, totals, quarantined)
 
 
 def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsx_dagster.core.inputs.tokenization import ShardLoad
 from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import bytes_per_vector
@@ -50,10 +51,10 @@ def estimate_bytes(tokens: int, samples: int, shape: StoredShape, storage_dtype:
     return payload + chunks * CHUNK_BYTES + SHARD_BYTES
 
 
-def estimate_by_dtype(shards: list[dict], shape: StoredShape, chunk_bytes: int) -> dict[str, dict[str, int]]:
-    """storage dtype -> shard -> bytes, for shards given as {"shard", "tokens", "samples"}."""
+def estimate_by_dtype(shards: Sequence[ShardLoad], shape: StoredShape, chunk_bytes: int) -> dict[str, dict[str, int]]:
+    """storage dtype -> shard -> bytes, for the tokenized shards."""
     return {
-        dtype: {s["shard"]: estimate_bytes(s["tokens"], s["samples"], shape, dtype, chunk_bytes) for s in shards}
+        dtype: {s.shard: estimate_bytes(s.tokens, s.samples, shape, dtype, chunk_bytes) for s in shards}
         for dtype in STORAGE_DTYPES
     }
 

@@ -20,12 +20,12 @@ def check_tokenized(tokenized_dir: Path) -> CheckOutcome:
     seen: set[int] = set()
     total = 0
     for entry in summary.shards:
-        file = tokenized_shard_file(tokenized_dir, entry["shard"])
+        file = tokenized_shard_file(tokenized_dir, entry.shard)
         table = pq.read_table(file)
         total += table.num_rows
-        if table.num_rows != entry["samples"]:
-            problems.append(f"{file.name}: {table.num_rows} rows, summary says {entry['samples']}")
-        if set(table.column("shard").unique().to_pylist()) - {entry["shard"]}:
+        if table.num_rows != entry.samples:
+            problems.append(f"{file.name}: {table.num_rows} rows, summary says {entry.samples}")
+        if set(table.column("shard").unique().to_pylist()) - {entry.shard}:
             problems.append(f"{file.name}: rows carry another shard's key")
         duplicates = []
         for sample_id in table.column("sample_id").to_pylist():

@@ -34,7 +34,6 @@ import multiprocessing
 import os
 import shutil
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -66,6 +65,7 @@ from hsx_dagster.core.inputs.conversations import (
 )
 from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, shard_loads
 from hsx_dagster.core.settings import DatasetSettings, ModelSettings, check_shard_key, shard_keys
+from hsx_dagster.core.storage.files import remove_leftovers, staging_dir_for, swap_in_dir
 from hsx_dagster.core.storage.format import (
     REJECT_SCHEMA,
     SAMPLE_SCHEMA,
@@ -118,6 +118,36 @@ def resolve_workers(setting: int | str | None, input_bytes: int | None = None) -
     return max(1, min(cores, input_bytes // AUTO_WORKER_BYTES))
 
 
+@dataclass(frozen=True)
+class ShardLoad:
+    """One tokenized shard: its key and what it holds."""
+
+    shard: str
+    samples: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """Samples of ``min`` to ``max`` tokens (both included)."""
+
+    min: int
+    max: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and what became of its records."""
+
+    path: str
+    format: str  # jsonl | json_array | parquet
+    records: int
+    samples: int
+    rejects: int
+    bytes: int
+
+
 @dataclass
 class TokenizedSummary:
     format_version: int
@@ -126,10 +156,10 @@ class TokenizedSummary:
     loss_tokens: int
     truncated: int
     rejects: dict[str, int]
-    shards: list[dict]
+    shards: list[ShardLoad]
     imbalance: float
-    histogram: list[dict]
-    inputs: list[dict]
+    histogram: list[LengthBucket]
+    inputs: list[InputFile]
     tokenizer: dict
     options: dict
     elapsed_s: float
@@ -145,7 +175,11 @@ class TokenizedSummary:
 
     @classmethod
     def read(cls, tokenized_dir: Path) -> TokenizedSummary:
-        return cls(**json.loads((tokenized_dir / TOKENIZED_SUMMARY_FILE).read_text(encoding="utf-8")))
+        data = json.loads((Path(tokenized_dir) / TOKENIZED_SUMMARY_FILE).read_text(encoding="utf-8"))
+        data["shards"] = [ShardLoad(**entry) for entry in data["shards"]]
+        data["histogram"] = [LengthBucket(**bucket) for bucket in data["histogram"]]
+        data["inputs"] = [InputFile(**entry) for entry in data["inputs"]]
+        return cls(**data)
 
     @property
     def rejected(self) -> int:
@@ -220,8 +254,8 @@ def tokenize_dataset(
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(out_dir)
-    staging_dir = out_dir.with_name(f"{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    remove_leftovers(out_dir)
+    staging_dir = staging_dir_for(out_dir)
     (staging_dir / TOKENIZED_SAMPLES_DIR).mkdir(parents=True)
     try:
         first_pass = _tokenize_into(
@@ -250,10 +284,10 @@ def tokenize_dataset(
             loss_tokens=first_pass.loss_tokens,
             truncated=first_pass.truncated,
             rejects=dict(sorted(first_pass.rejects.items())),
-            shards=[{"shard": k, "samples": int(c), "tokens": int(t)} for k, c, t in zip(keys, counts, loads)],
+            shards=[ShardLoad(k, int(c), int(t)) for k, c, t in zip(keys, counts, loads)],
             imbalance=round(imbalance(loads), 6),
             histogram=length_histogram(first_pass.num_tokens),
-            inputs=[{"path": p, "format": formats[p], **first_pass.per_input[p]} for p in map(str, paths)],
+            inputs=[InputFile(path=p, format=formats[p], **first_pass.per_input[p]) for p in map(str, paths)],
             tokenizer={
                 "model_path": str(model_path),
                 "vocab_size": len(tokenizer),
@@ -280,7 +314,7 @@ def tokenize_dataset(
             workers=first_pass.workers,
         )
         (staging_dir / TOKENIZED_SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
-        _replace_dir(staging_dir, out_dir)
+        swap_in_dir(staging_dir, out_dir)
     except BaseException:
         shutil.rmtree(staging_dir, ignore_errors=True)
         raise
@@ -622,7 +656,7 @@ def _reject_table(rejects: Sequence[Reject]) -> pa.Table:
     )
 
 
-def length_histogram(num_tokens: np.ndarray) -> list[dict]:
+def length_histogram(num_tokens: np.ndarray) -> list[LengthBucket]:
     """Sample counts per power-of-two token-length bucket; the last bucket ends at the longest sample."""
     if len(num_tokens) == 0:
         return []
@@ -630,7 +664,7 @@ def length_histogram(num_tokens: np.ndarray) -> list[dict]:
     # The last bucket ends at the longest sample, so the table also shows the maximum.
     edges = [edge for edge in HISTOGRAM_EDGES if edge <= top] + [top + 1]
     counts, _ = np.histogram(num_tokens, bins=edges)
-    return [{"min": int(lo), "max": int(hi) - 1, "samples": int(c)} for lo, hi, c in zip(edges[:-1], edges[1:], counts)]
+    return [LengthBucket(int(lo), int(hi) - 1, int(c)) for lo, hi, c in zip(edges[:-1], edges[1:], counts)]
 
 
 def read_tokenized_shard(tokenized_dir: Path, shard: str, columns: Sequence[str] | None = None) -> pa.Table:
@@ -666,7 +700,7 @@ def tokenized_digest(table: pa.Table) -> str:
 def tokenized_shard_keys(tokenized_dir: Path) -> list[str]:
     """The shards the tokenized dataset was made with (from summary.json); [] when there is none."""
     try:
-        return [entry["shard"] for entry in TokenizedSummary.read(Path(tokenized_dir)).shards]
+        return [entry.shard for entry in TokenizedSummary.read(Path(tokenized_dir)).shards]
     except FileNotFoundError:
         return []
 
@@ -702,25 +736,6 @@ def _check_replaceable(target: Path) -> None:
             f"{target} exists and is not a tokenized dataset (no summary.json); refusing to replace it. "
             "Point output_dir at another folder, or move this one away"
         )
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Swap a finished directory into place; the old one is removed only after the swap."""
-    old = None
-    if target.exists():
-        old = target.with_name(f"{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove_leftovers(target: Path) -> None:
-    """Temporary and superseded directories that a crashed run left beside the target."""
-    for leftover in target.parent.glob(f"{target.name}.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in target.parent.glob(f"{target.name}.old-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _tree_bytes(root: Path) -> int:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.check_outcome import CheckOutcome
+from hsx_dagster.core.inputs.conversations import Reject
 from hsx_dagster.core.regenerate.store import CONVERSATIONS_FILE, FAILURES_FILE, read_jsonl
-from hsx_dagster.core.regenerate.turns import InputReject, iter_inputs
+from hsx_dagster.core.regenerate.turns import iter_inputs
 
 SHOWN = 10
 
@@ -53,7 +54,7 @@ def check_regenerated(regenerated_dir: Path, input_paths: Sequence[Path]) -> Che
     for item in iter_inputs(input_paths):
         inputs += 1
         where = (item.source, item.source_index)
-        if isinstance(item, InputReject) or item.id in seen_ids:
+        if isinstance(item, Reject) or item.id in seen_ids:
             if failures_at[where] != 1:
                 (unaccounted if failures_at[where] == 0 else twice).append(f"{item.source} {item.location}")
             continue

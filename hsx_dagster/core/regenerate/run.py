@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hsx_dagster.core.inputs.chat_template import THINK_OPEN
 from hsx_dagster.core.inputs.conversations import check_input_file
 from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.regenerate.store import RegenStore
@@ -267,4 +268,4 @@ class PromptRenderer:
 
 
 def opens_think(prompt: str) -> bool:
-    return prompt.rstrip().endswith("<think>")
+    return prompt.rstrip().endswith(THINK_OPEN)

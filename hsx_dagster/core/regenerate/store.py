@@ -17,7 +17,6 @@ next run opens the store, so nothing is counted twice. Re-runs skip every id of 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -25,10 +24,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from hsx_dagster.core.regenerate.turns import FailureReason, InputReject, SourceConversation
+from hsx_dagster.core.inputs.conversations import Reject
+from hsx_dagster.core.regenerate.turns import FailureReason, SourceConversation
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, read_lines, write_atomic
+from hsx_dagster.core.storage.files import FileLock
 
 FORMAT = "hsx-regenerated"
 VERSION = 1
@@ -70,24 +71,17 @@ class RegenStore:
     def __init__(self, root: Path, fingerprint: dict[str, Any]) -> None:
         self.root = Path(root)
         self.fingerprint = fingerprint
-        self._lock: IO[str] | None = None
+        self._lock: FileLock | None = None
         self.log = CommitLog()
 
     def __enter__(self) -> RegenStore:
         (self.root / PARTS_DIR).mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / LOCK_FILE, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another run"
-            handle.close()
-            raise StoreError(f"{self.root} is being written by {holder}; wait for that run to end") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
-        handle.flush()
-        self._lock = handle
+        lock = FileLock.try_acquire(self.root / LOCK_FILE)
+        if lock is None:
+            holder = FileLock.holder(self.root / LOCK_FILE) or "another run"
+            raise StoreError(f"{self.root} is being written by {holder}; wait for that run to end")
+        lock.record_holder(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        self._lock = lock
         try:
             self._check_manifest()
             self._recover()
@@ -101,7 +95,7 @@ class RegenStore:
 
     def close(self) -> None:
         if self._lock is not None:
-            self._lock.close()  # the kernel drops the flock with the descriptor
+            self._lock.release()
             self._lock = None
 
     def _check_manifest(self) -> None:
@@ -183,7 +177,7 @@ class RegenStore:
                     for line in handle:
                         yield number, json.loads(line)
 
-    def consolidate(self, inputs: Iterable[SourceConversation | InputReject]) -> Consolidated:
+    def consolidate(self, inputs: Iterable[SourceConversation | Reject]) -> Consolidated:
         """Write conversations.jsonl and failures.jsonl for the current inputs: each input record once,
         either regenerated or failed with its reason (duplicates and parser rejects included)."""
         first_seen: dict[str, tuple[str, int, str]] = {}
@@ -192,7 +186,7 @@ class RegenStore:
         records = 0
         for item in inputs:
             records += 1
-            if isinstance(item, InputReject):
+            if isinstance(item, Reject):
                 failures.append(
                     {
                         "id": None,

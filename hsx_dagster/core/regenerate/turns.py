@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.choices import OnTruncated, RegenerateTurns
+from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
 from hsx_dagster.core.inputs.conversations import Conversation, Reject, iter_records
 
 
@@ -50,15 +51,6 @@ class SourceConversation:
     location: str
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] | None = None
-
-
-@dataclass(frozen=True)
-class InputReject:
-    source: str
-    source_index: int
-    location: str
-    reason: str
-    detail: str
 
 
 @dataclass
@@ -104,14 +96,11 @@ def to_source(conversation: Conversation) -> SourceConversation:
     )
 
 
-def iter_inputs(paths: Iterable[Path]) -> Iterator[SourceConversation | InputReject]:
+def iter_inputs(paths: Iterable[Path]) -> Iterator[SourceConversation | Reject]:
     """Every record of the input files, in order: a conversation in OpenAI form, or the parser's reject."""
     for path in paths:
         for item in iter_records(Path(path)):
-            if isinstance(item, Reject):
-                yield InputReject(item.source, item.source_index, item.location, item.reason, item.detail)
-            else:
-                yield to_source(item)
+            yield item if isinstance(item, Reject) else to_source(item)
 
 
 def positions_to_regenerate(messages: tuple[dict[str, Any], ...] | list[dict[str, Any]], turns: str) -> list[int]:
@@ -121,7 +110,6 @@ def positions_to_regenerate(messages: tuple[dict[str, Any], ...] | list[dict[str
     return assistant
 
 
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>.*?(</tool_call>|$)", re.DOTALL)
 
 
@@ -130,12 +118,12 @@ def split_reasoning(text: str, prompt_opens_think: bool) -> tuple[str | None, st
     or, when the prompt itself opened the block (templates with thinking on), everything before
     ``</think>``. A response cut inside the block is all reasoning."""
     stripped = text.lstrip()
-    opened = stripped.startswith(_THINK_OPEN)
-    if _THINK_CLOSE in text and (opened or prompt_opens_think or _THINK_OPEN not in text):
-        before, after = text.split(_THINK_CLOSE, 1)
-        return before.strip().removeprefix(_THINK_OPEN).strip(), after.strip()
+    opened = stripped.startswith(THINK_OPEN)
+    if THINK_CLOSE in text and (opened or prompt_opens_think or THINK_OPEN not in text):
+        before, after = text.split(THINK_CLOSE, 1)
+        return before.strip().removeprefix(THINK_OPEN).strip(), after.strip()
     if opened:
-        return stripped[len(_THINK_OPEN) :].strip(), ""
+        return stripped[len(THINK_OPEN) :].strip(), ""
     if prompt_opens_think:
         return text.strip(), ""
     return None, text.strip()

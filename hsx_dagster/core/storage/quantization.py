@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from hsx_dagster.core.storage.format import FP8_DTYPE, SCALES_SUFFIX
+from hsx_dagster.core.storage.format import FP8_DTYPE, SCALES_SUFFIX, dtype_name
 
 FP8_MAX = 448.0  # the largest finite e4m3fn value; casting beyond it does not saturate, hence the clamp
 SCALE_DTYPE = torch.bfloat16
@@ -75,7 +75,7 @@ def scale_layout(hidden_size: int) -> dict:
     return {
         "format": "float8_e4m3fn",
         "block_size": block,
-        "scale_dtype": str(SCALE_DTYPE).removeprefix("torch."),
+        "scale_dtype": dtype_name(SCALE_DTYPE),
         "scale_tensor_suffix": SCALES_SUFFIX,
         "scale_shape": f"[tokens, layers, {hidden_size // block}] (hidden_states), "
         f"[tokens, {hidden_size // block}] (final_hidden_states)",

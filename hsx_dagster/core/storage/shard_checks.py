@@ -17,13 +17,8 @@ the drafter dataset's checks (`hsx_dagster.core.dataset.checks`) run over every 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,61 +30,17 @@ from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.model_info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.chunk_reader import read_sample
+from hsx_dagster.core.storage.files import file_sha256
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
-    HIDDEN_STATES_FORMAT,
-    SAFETENSORS_DTYPE_NAMES,
     SCALES_SUFFIX,
-    SHARD_FILE,
     STATE_TENSORS,
-    STORAGE_DTYPES,
     tokenized_shard_file,
 )
-from hsx_dagster.core.storage.quantization import FP8_DTYPE, block_size_for
+from hsx_dagster.core.storage.provenance import ChunkLayout, ShardProvenance, StoredLayers
 from hsx_dagster.core.storage.shard_store import ChunkRecord, read_index, read_quarantine
 
 MAX_LISTED = 10
-_READ_BLOCK = 16 * 2**20
-
-
-@dataclass(frozen=True)
-class ChunkLayout:
-    """What every chunk of a shard must hold: the stored layers, their width and dtype."""
-
-    layers: int
-    hidden_size: int
-    storage_dtype: str
-    include_final: bool
-
-    @classmethod
-    def of_manifest(cls, manifest: dict) -> ChunkLayout:
-        return cls(
-            layers=len(manifest["layers"]["ids"]),
-            hidden_size=int(manifest["hidden_size"]),
-            storage_dtype=manifest["storage_dtype"],
-            include_final=bool(manifest["layers"]["include_final"]),
-        )
-
-    def expected_tensors(self, tokens: int) -> dict[str, tuple[str, list[int]]]:
-        """Name -> (safetensors dtype, shape) of every state tensor (and fp8 scales) a chunk of ``tokens`` holds."""
-        dtype = STORAGE_DTYPES[self.storage_dtype]
-        name = SAFETENSORS_DTYPE_NAMES[dtype]
-        expected = {"hidden_states": (name, [tokens, self.layers, self.hidden_size])}
-        if self.include_final:
-            expected["final_hidden_states"] = (name, [tokens, self.hidden_size])
-        if dtype == FP8_DTYPE:
-            columns = self.hidden_size // block_size_for(self.hidden_size)
-            for tensor, (_, shape) in list(expected.items()):
-                expected[tensor + SCALES_SUFFIX] = ("BF16", [*shape[:-1], columns])
-        return expected
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_READ_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def chunk_problems(
@@ -141,8 +92,8 @@ def chunk_problems(
 class LayerStatistics:
     """Running per-layer mean/std over chunks, and the samples holding NaN or Inf."""
 
-    def __init__(self, layer_ids: Sequence[int], include_final: bool) -> None:
-        self.names = [f"layer {i}" for i in layer_ids] + (["final"] if include_final else [])
+    def __init__(self, layers: StoredLayers) -> None:
+        self.names = layers.slot_names
         self.sums = np.zeros(len(self.names))
         self.squares = np.zeros(len(self.names))
         self.nonzero = np.zeros(len(self.names), dtype=bool)
@@ -227,27 +178,11 @@ def chunk_rows_mismatching(
 # --- one shard -------------------------------------------------------------------------------
 
 
-def read_provenance(shard_dir: Path) -> dict[str, Any]:
-    path = Path(shard_dir) / SHARD_FILE
-    try:
-        provenance = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StoreError(f"{path} not found: the shard was never extracted") from None
-    except json.JSONDecodeError as exc:
-        raise StoreError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(provenance, dict) or provenance.get("format") != HIDDEN_STATES_FORMAT:
-        raise StoreError(f"{path}: not the provenance of an hsx hidden-states shard")
-    return provenance
-
-
-def layout_of_provenance(provenance: dict[str, Any]) -> ChunkLayout:
-    hidden = ModelInfo.read(provenance["model_path"]).require_hidden_size()
-    return ChunkLayout(
-        layers=len(provenance["layer_ids"]),
-        hidden_size=hidden,
-        storage_dtype=provenance["storage_dtype"],
-        include_final=bool(provenance["include_final"]),
-    )
+def layout_of(provenance: ShardProvenance) -> ChunkLayout:
+    """The layout every chunk of the shard has: the recorded width (the model's config for shards written before
+    shard.json recorded it)."""
+    hidden = provenance.hidden_size or ModelInfo.read(provenance.model_path).require_hidden_size()
+    return provenance.layout(hidden)
 
 
 def _unreadable(kind: str, error: Exception) -> CheckOutcome:
@@ -315,18 +250,12 @@ def check_shard_integrity(shard_dir: Path) -> CheckOutcome:
     """Every committed chunk's checksum, samples and header as recorded; the layout from shard.json."""
     shard_dir = Path(shard_dir)
     try:
-        provenance = read_provenance(shard_dir)
-        layout = layout_of_provenance(provenance)
+        provenance = ShardProvenance.read(shard_dir)
+        layout = layout_of(provenance)
         records = read_index(shard_dir)
-    except (StoreError, ModelDirError, KeyError, TypeError) as exc:
+    except (StoreError, ModelDirError) as exc:
         return _unreadable("integrity", exc)
-    header = {
-        "format": HIDDEN_STATES_FORMAT,
-        "shard": str(provenance["shard"]),
-        "layer_ids": json.dumps(list(provenance["layer_ids"])),
-        "include_final": json.dumps(bool(provenance["include_final"])),
-        "storage_dtype": str(provenance["storage_dtype"]),
-    }
+    header = provenance.chunk_header()
     problems: list[str] = []
     for record in records:
         problems += chunk_problems(shard_dir / record.chunk, record, layout, header)
@@ -343,11 +272,11 @@ def check_shard_numerics(shard_dir: Path) -> CheckOutcome:
     """No NaN or Inf in the shard's states; per-layer statistics."""
     shard_dir = Path(shard_dir)
     try:
-        provenance = read_provenance(shard_dir)
+        provenance = ShardProvenance.read(shard_dir)
         records = read_index(shard_dir)
-        stats = LayerStatistics(provenance["layer_ids"], bool(provenance["include_final"]))
-    except (StoreError, KeyError, TypeError) as exc:
+    except StoreError as exc:
         return _unreadable("numerics", exc)
+    stats = LayerStatistics(provenance.layers)
     unreadable = []
     for record in records:
         try:

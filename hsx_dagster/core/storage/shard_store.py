@@ -10,7 +10,6 @@ file (released by the kernel when the process dies) keeps two runs of one shard 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -18,6 +17,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from hsx_dagster.core.choices import OnMismatch
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, read_lines, write_atomic
+from hsx_dagster.core.storage.files import FileLock
 from hsx_dagster.core.storage.format import (
     CHUNK_PATTERN,
     COMPLETE_FILE,
@@ -35,24 +36,10 @@ from hsx_dagster.core.storage.format import (
     is_chunk_file,
     is_temporary_file,
 )
+from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING
+from hsx_dagster.core.storage.provenance import ShardProvenance
 
 ON_MISMATCH: tuple[str, ...] = typing.get_args(OnMismatch)
-# Provenance keys that describe the shard without defining its content (the model's description is derived
-# from its config, whose hash is compared; a preset resolves to the layer ids, which are compared): a change
-# is recorded in shard.json, never refused.
-DESCRIPTIVE_PROVENANCE_KEYS = frozenset({"layer_preset", "model"})
-# What a changed provenance key means, for the message that refuses to mix.
-_PROVENANCE_MEANING = {
-    "tokenized_sha256": "the shard's tokenized samples changed: re-tokenized with other inputs, dataset settings "
-    "or shard count",
-    "config_sha256": "the model's config.json changed",
-    "weights_index_sha256": "the model's weights changed",
-    "model_path": "model.path",
-    "layer_ids": "model.layers",
-    "include_final": "model.include_final",
-    "storage_dtype": "extraction.storage_dtype",
-    "compute_dtype": "extraction.compute_dtype, or another kind of device",
-}
 log = logging.getLogger(__name__)
 
 
@@ -79,7 +66,7 @@ class ShardStore:
     def __init__(
         self,
         directory: Path,
-        provenance: dict,
+        provenance: ShardProvenance,
         on_mismatch: OnMismatch = "refuse",
         report: Callable[[str], None] | None = None,
     ) -> None:
@@ -87,12 +74,10 @@ class ShardStore:
             raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, not {on_mismatch!r}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.directory / LOCK_FILE, "a+")  # noqa: SIM115 (held until close())
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise StoreError(f"{self.directory} is being written by another run (lock {LOCK_FILE} is held)") from None
+        lock = FileLock.try_acquire(self.directory / LOCK_FILE)
+        if lock is None:
+            raise StoreError(f"{self.directory} is being written by another run (lock {LOCK_FILE} is held)")
+        self._lock = lock
         try:
             self._check_provenance(provenance, on_mismatch, report or log.warning)
             self.records = read_index(self.directory)
@@ -104,20 +89,20 @@ class ShardStore:
             self.close()
             raise
 
-    def _check_provenance(self, provenance: dict, on_mismatch: str, report: Callable[[str], None]) -> None:
+    def _check_provenance(self, provenance: ShardProvenance, on_mismatch: str, report: Callable[[str], None]) -> None:
         path = self.directory / SHARD_FILE
         if path.is_file():
             existing = json.loads(path.read_text(encoding="utf-8"))
-            differing = {key for key in set(existing) | set(provenance) if existing.get(key) != provenance.get(key)}
-            changed = sorted(differing - DESCRIPTIVE_PROVENANCE_KEYS)
-            if not differing:
+            changed, described = provenance.changes_from(existing)
+            if not changed and not described:
                 return
             if not changed:  # only the description changed (an older shard, a preset named as its ids): record it
-                write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
+                provenance.write(self.directory)
                 return
+            current = provenance.to_dict()
             details = "; ".join(
-                f"{k}: {_shown(existing.get(k))} -> {_shown(provenance.get(k))}"
-                + (f" ({_PROVENANCE_MEANING[k]})" if k in _PROVENANCE_MEANING else "")
+                f"{k}: {_shown(existing.get(k))} -> {_shown(current.get(k))}"
+                + (f" ({PROVENANCE_MEANING[k]})" if k in PROVENANCE_MEANING else "")
                 for k in changed[:4]
             )
             if on_mismatch != "start_over":
@@ -128,7 +113,7 @@ class ShardStore:
                     "resources.gpu.config.on_mismatch); its committed samples are then deleted"
                 )
             self._start_over(details, report)
-        write_atomic(path, json.dumps(provenance, indent=2, sort_keys=True).encode())
+        provenance.write(self.directory)
 
     def _start_over(self, details: str, report: Callable[[str], None]) -> None:
         """Delete what the shard holds, index first: once it is gone no chunk counts as committed, so a
@@ -194,9 +179,7 @@ class ShardStore:
         write_atomic(self.directory / COMPLETE_FILE, json.dumps(summary, indent=2, sort_keys=True).encode())
 
     def close(self) -> None:
-        if not self._lock.closed:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
+        self._lock.release()
 
     def __enter__(self) -> ShardStore:
         return self
@@ -218,18 +201,31 @@ def read_quarantine(directory: Path) -> list[QuarantineRecord]:
     return [QuarantineRecord(**entry) for entry in read_lines(Path(directory) / SHARD_QUARANTINE_FILE)]
 
 
-def totals_of(records: Sequence[ChunkRecord]) -> dict:
-    """Samples, tokens, bytes and chunk names over committed chunks."""
-    return {
-        "samples": sum(r.samples for r in records),
-        "tokens": sum(r.tokens for r in records),
-        "bytes": sum(r.bytes for r in records),
-        "chunks": [r.chunk for r in records],
-    }
+@dataclass(frozen=True)
+class ShardTotals:
+    """Samples, tokens, bytes and chunk names over a shard's committed chunks."""
+
+    samples: int
+    tokens: int
+    bytes: int
+    chunks: tuple[str, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[ChunkRecord]) -> ShardTotals:
+        return cls(
+            samples=sum(r.samples for r in records),
+            tokens=sum(r.tokens for r in records),
+            bytes=sum(r.bytes for r in records),
+            chunks=tuple(r.chunk for r in records),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """As complete.json records them."""
+        return {**asdict(self), "chunks": list(self.chunks)}
 
 
-def shard_totals(directory: Path) -> dict:
-    return totals_of(read_index(directory))
+def shard_totals(directory: Path) -> ShardTotals:
+    return ShardTotals.of(read_index(directory))
 
 
 def _shown(value: object) -> str:

@@ -1,0 +1,107 @@
+"""How a shard run's batch shape was chosen, as a typed record (`BatchShapeSummary`), and its renderings.
+
+`BatchShaper.summary` makes it; it travels in the run's `ExtractionReport`, is written into the shard's
+complete.json (``last_run.batch_shape``, `to_dict`) and read back from there (`from_dict`); the Dagster
+metadata and the report show it with `shape_label` and `probe_table_markdown`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One shape as one probe measured it."""
+
+    probe: int
+    batch_size: int
+    max_batch_tokens: int
+    batches: int
+    tokens: int
+    seconds: float  # device time of its batches
+    tokens_per_s: float
+    vs_chosen: float | None  # its speed as a share of the shape the probe chose
+    chosen: bool
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """One probe: why it began, where it started, what it chose and why it stopped."""
+
+    probe: int
+    reason: str
+    longest_tokens: int  # the longest sample left when it began
+    chosen: str | None
+    ended: str
+    steps: tuple[dict[str, Any], ...]  # each comparison: incumbent, candidate, their rates and the result
+
+
+@dataclass(frozen=True)
+class BatchShapeSummary:
+    mode: str  # fixed | auto | auto max_batch_tokens | auto batch_size
+    batch_size: int  # the shape the run ended with
+    max_batch_tokens: int
+    probes: tuple[ProbeRecord, ...]
+    probe_table: tuple[ProbeRow, ...]
+    probe_batches: int  # probed batches (all of them stored like any other)
+    probe_s: float  # their device time
+    probe_overhead_s: float  # what the slower shapes cost beyond the winner's rate
+    probe_budget_s: float
+    probes_skipped_for_budget: int
+    token_cap: int | None  # a lowered token budget (out of memory, or the GPU's free memory)
+    token_cap_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        summary = asdict(self)
+        summary["probes"] = [{**probe, "steps": list(probe["steps"])} for probe in summary["probes"]]
+        summary["probe_table"] = list(summary["probe_table"])
+        return summary
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchShapeSummary:
+        return cls(
+            **{
+                **data,
+                "probes": tuple(
+                    ProbeRecord(**{**probe, "steps": tuple(probe.get("steps", ()))}) for probe in data["probes"]
+                ),
+                "probe_table": tuple(ProbeRow(**row) for row in data["probe_table"]),
+            }
+        )
+
+
+def shape_label(summary: BatchShapeSummary | None) -> str:
+    """``2,048 tokens x 64 rows (auto)``: the shape a run ended with, and how it was chosen."""
+    if summary is None:
+        return "none (nothing left to extract)"
+    return f"{summary.max_batch_tokens:,} tokens x {summary.batch_size} rows ({summary.mode})"
+
+
+def probe_table_markdown(summary: BatchShapeSummary | None) -> str:
+    """The probe table (shape -> tokens/s, one line per shape and probe) and what each probe chose."""
+    if summary is None or not summary.probe_table:
+        fixed = summary is not None and summary.mode == "fixed"
+        return "No probe: " + ("both batch limits are fixed." if fixed else "nothing was extracted.")
+    lines = [
+        "| probe | max_batch_tokens | batch_size | batches | tokens | device s | tokens/s | x chosen | chosen |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in summary.probe_table:
+        ratio = f"{row.vs_chosen:.3f}" if row.vs_chosen is not None else ""
+        lines.append(
+            f"| {row.probe} | {row.max_batch_tokens:,} | {row.batch_size:,} | {row.batches} | "
+            f"{row.tokens:,} | {row.seconds:.3f} | {row.tokens_per_s:,.0f} | {ratio} | "
+            f"{'yes' if row.chosen else ''} |"
+        )
+    lines.append("")
+    for probe in summary.probes:
+        lines.append(f"- probe {probe.probe} ({probe.reason}): {probe.chosen}; stopped: {probe.ended}")
+    lines.append(
+        f"- {summary.probe_batches} probed batches (all stored), {summary.probe_s:.3f} s of device time; "
+        f"{summary.probe_overhead_s:.3f} s lost to the slower shapes (budget {summary.probe_budget_s:.3f} s)"
+    )
+    if summary.token_cap:
+        lines.append(f"- token budget capped at {summary.token_cap:,}: {summary.token_cap_reason}")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""What every store does with files: hold an exclusive lock, hash a file as it streams, swap a folder in whole.
+
+- `FileLock`: an exclusive ``flock`` on a lock file, taken without waiting; the kernel drops it when the
+  process exits, however it exits, so a killed run never leaves it held. Shard folders, GPUs and the
+  regeneration store each hold one.
+- `file_sha256`: a file's sha256, read in blocks (memory stays flat whatever the file's size).
+- `swap_in_dir`: a finished folder replaces the old one by rename; `staging_dir_for` names the folder it is
+  built in, beside the target, and `remove_leftovers` clears what a crashed run left there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import IO
+
+HASH_BLOCK = 16 * 2**20
+
+
+class FileLock:
+    """An exclusive lock on ``path``, held until `release` (or the process ends)."""
+
+    def __init__(self, path: Path, handle: IO[str]) -> None:
+        self.path = path
+        self._handle = handle
+
+    @classmethod
+    def try_acquire(cls, path: Path) -> FileLock | None:
+        """The lock, or None when another process holds it (never waits)."""
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the lock's lifetime)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        return cls(Path(path), handle)
+
+    def record_holder(self, text: str) -> None:
+        """Write who holds the lock into the lock file, for the message another process gets."""
+        self._handle.seek(0)
+        self._handle.truncate()
+        self._handle.write(text)
+        self._handle.flush()
+
+    @staticmethod
+    def holder(path: Path) -> str:
+        """What the holder of the lock on ``path`` wrote about itself ('' when nothing)."""
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
+
+    @property
+    def held(self) -> bool:
+        return not self._handle.closed
+
+    def release(self) -> None:
+        if not self._handle.closed:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+
+    def __enter__(self) -> FileLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def staging_dir_for(target: Path) -> Path:
+    """A fresh folder name beside ``target`` to build its replacement in (``<name>.tmp-<random>``)."""
+    return target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def swap_in_dir(new: Path, target: Path) -> None:
+    """Put the finished folder ``new`` in place of ``target``; the old one is removed only after the swap."""
+    old = None
+    if target.exists():
+        old = target.with_name(f"{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_leftovers(target: Path) -> None:
+    """Staging and superseded folders that a crashed run left beside ``target``."""
+    for pattern in (f"{target.name}.tmp-*", f"{target.name}.old-*"):
+        for leftover in target.parent.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
