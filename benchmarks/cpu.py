@@ -48,7 +48,7 @@ from benchmarks.storage import (
 from benchmarks.tokenization import COLUMNS, measure_tokenization, measure_workers, render_workers
 from hsx_dagster.core.extraction.backbone import load_backbone
 from hsx_dagster.core.extraction.batching import padding_efficiency, plan_batches
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.model_info import check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings
 

@@ -23,7 +23,7 @@ from benchmarks.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from benchmarks.models import LAYERS, REPO, pick_samples, repeat_samples
 from hsx_dagster.core.extraction.backbone import load_backbone
 from hsx_dagster.core.extraction.engine import extract_shard
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.layers import resolve_layers
 from hsx_dagster.core.model_info import check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings

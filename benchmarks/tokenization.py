@@ -164,7 +164,7 @@ def one_run(corpus: Path, out: Path, label: str) -> dict:
     model = demo_model()
     count = 1 if label == THREADED else int(label)
     threads = (
-        mock.patch.object(tokenization, "_tokenizer_threads_off", contextlib.nullcontext)
+        mock.patch.object(tokenization, "tokenizer_threads_off", contextlib.nullcontext)
         if label == THREADED
         else contextlib.nullcontext()
     )

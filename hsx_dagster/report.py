@@ -14,7 +14,7 @@ from hsx_dagster.core.dataset.assembly import shard_status
 from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.extraction.batch_shape_summary import shape_label
 from hsx_dagster.core.extraction.engine import ExtractionReport
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary
+from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
 from hsx_dagster.core.storage.shard_store import shard_totals

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.extraction.shard_run import ShardJob
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import tokenize_dataset
+from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
 from hsx_dagster.core.storage.provenance import ShardProvenance
 

@@ -21,10 +21,7 @@ import pytest
 
 from hsx_dagster.core.inputs.chat_template import SampleRejected, TemplateMarkers, render
 from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason, iter_records
-from hsx_dagster.core.inputs.tokenization import (
-    TokenizedSummary,
-    read_rejects,
-)
+from hsx_dagster.core.inputs.tokenized import TokenizedSummary, read_rejects
 from hsx_dagster.core.storage.format import tokenized_shard_file
 from hsx_dagster.demo.build import AGENTIC_PATH, AGENTIC_SHAREGPT_PATH
 from hsx_dagster_tests.helpers import tokenize

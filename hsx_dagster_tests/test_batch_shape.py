@@ -28,7 +28,7 @@ from hsx_dagster.core.extraction.batch_shape import (
 )
 from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
 from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster_tests.helpers import shard_job, tokenize

@@ -14,7 +14,7 @@ import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError

@@ -11,7 +11,7 @@ from hsx_dagster.core.dataset.assembly import assemble
 from hsx_dagster.core.dataset.checks import check_coverage
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.chunk_writer import NonFiniteStatesError
 from hsx_dagster.core.storage.format import DRAFTER_QUARANTINE_FILE

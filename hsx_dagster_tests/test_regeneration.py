@@ -26,7 +26,7 @@ from hsx_dagster.assets.regenerated import (
 )
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.inputs.conversations import Reject
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary
+from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.regenerate.checks import check_regenerated
 from hsx_dagster.core.regenerate.local_backend import LocalBackend
 from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend

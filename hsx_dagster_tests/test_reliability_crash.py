@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 
 from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage import atomic as atomic_module
 from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SHARD_FILE, SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index

@@ -18,11 +18,7 @@ import pytest
 from hsx_dagster.core.inputs import tokenization
 from hsx_dagster.core.inputs.chat_template import TemplateError
 from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
-from hsx_dagster.core.inputs.tokenization import (
-    TokenizedDataError,
-    read_rejects,
-    read_tokenized_shard,
-)
+from hsx_dagster.core.inputs.tokenized import TokenizedDataError, read_rejects, read_tokenized_shard
 from hsx_dagster.core.settings import SettingsError, check_shard_key, load_settings
 from hsx_dagster_tests.helpers import tokenize
 

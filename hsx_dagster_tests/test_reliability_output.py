@@ -23,7 +23,7 @@ from hsx_dagster.core.dataset.assembly import AssemblyError, assemble
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
 from hsx_dagster.core.dataset.reader import DatasetError
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenization import TokenizedDataError
+from hsx_dagster.core.inputs.tokenized import TokenizedDataError
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests.helpers import shard_job, tokenize

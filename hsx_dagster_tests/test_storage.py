@@ -15,7 +15,7 @@ from hsx_dagster.core.extraction import shard_run as shard_run_module
 from hsx_dagster.core.extraction import size_estimate
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
 from hsx_dagster.core.extraction.size_estimate import InsufficientDiskError, StoredShape, estimate_bytes
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import STORAGE_DTYPES

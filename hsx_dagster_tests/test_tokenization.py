@@ -5,15 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsx_dagster.core.inputs import tokenization
+from hsx_dagster.core.inputs import tokenization, workers
 from hsx_dagster.core.inputs.chat_template import TemplateError
 from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
-from hsx_dagster.core.inputs.tokenization import (
-    SAMPLE_SCHEMA,
-    TokenizedSummary,
-    read_rejects,
-    read_tokenized_shard,
-)
+from hsx_dagster.core.inputs.tokenized import TokenizedSummary, read_rejects, read_tokenized_shard
+from hsx_dagster.core.storage.format import SAMPLE_SCHEMA
 from hsx_dagster_tests.helpers import tokenize
 
 
@@ -89,13 +85,13 @@ def test_one_worker_is_one_core_and_the_environment_is_restored(tmp_path, demo_m
     pass tokenises (one worker is one core, as in each worker process), the user's value after it."""
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     during = []
-    real = tokenization.tokenize_rendered
+    real = workers.tokenize_rendered
 
     def spy(*args, **kwargs):
         during.append(os.environ.get("TOKENIZERS_PARALLELISM"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tokenization, "tokenize_rendered", spy)
+    monkeypatch.setattr(workers, "tokenize_rendered", spy)
     path = write_jsonl(tmp_path / "in.jsonl", [chat(f"question {i}", f"an answer to question {i}") for i in range(5)])
     tokenize([path], demo_model_dir, tmp_path / "out", workers=1)
     assert during and set(during) == {"false"}
@@ -107,15 +103,15 @@ def test_one_worker_is_one_core_and_the_environment_is_restored(tmp_path, demo_m
 
 def test_auto_workers_are_every_core_but_one_per_256_kb_of_input(tmp_path, demo_model_dir, monkeypatch):
     """Starting a worker costs about as much as tokenising 100-200 KB: a small input runs in-process."""
-    monkeypatch.setattr(tokenization.os, "sched_getaffinity", lambda pid: set(range(8)))
-    assert tokenization.resolve_workers(None) == 8  # size unknown: every core
-    assert tokenization.resolve_workers(3, input_bytes=10) == 3  # a number given wins
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert workers.resolve_workers(None) == 8  # size unknown: every core
+    assert workers.resolve_workers(3, input_bytes=10) == 3  # a number given wins
     kb = 1024
-    assert [tokenization.resolve_workers(None, n * kb) for n in (0, 255, 256, 600, 768, 10_000)] == [1, 1, 1, 2, 3, 8]
+    assert [workers.resolve_workers(None, n * kb) for n in (0, 255, 256, 600, 768, 10_000)] == [1, 1, 1, 2, 3, 8]
     small = write_jsonl(tmp_path / "small.jsonl", [chat(f"question {i}", f"answer {i}") for i in range(40)])
     assert tokenize([small], demo_model_dir, tmp_path / "small").workers == 1
     # 2 cores offered and 600 KB of input: two workers.
-    monkeypatch.setattr(tokenization.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1})
     padding = "words of a long answer " * 60
     large = write_jsonl(tmp_path / "large.jsonl", [chat(f"q {i}", f"{padding}{i}") for i in range(450)])
     assert 512 * kb < large.stat().st_size < 768 * kb
@@ -178,7 +174,7 @@ def test_rerun_replaces_atomically_and_a_crash_keeps_the_old_output(demo_paths, 
     def crash(*args, **kwargs):
         raise RuntimeError("simulated crash while writing shards")
 
-    monkeypatch.setattr(tokenization, "_write_shards", crash)
+    monkeypatch.setattr(tokenization, "write_shards", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         tokenize(demo_paths, demo_model_dir, out, shards=3)
     assert {p.name: p.read_bytes() for p in (out / "samples").iterdir()} == before

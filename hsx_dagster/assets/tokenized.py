@@ -23,7 +23,8 @@ from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import arrow_column_schema, check_result, sized
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
 from hsx_dagster.core.inputs.checks import check_tokenized
-from hsx_dagster.core.inputs.tokenization import LengthBucket, ShardLoad, TokenizedSummary, tokenize_dataset
+from hsx_dagster.core.inputs.tokenization import tokenize_dataset
+from hsx_dagster.core.inputs.tokenized import LengthBucket, ShardLoad, TokenizedSummary
 from hsx_dagster.core.regenerate.store import regenerated_input
 from hsx_dagster.core.settings import DatasetSettings
 from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA

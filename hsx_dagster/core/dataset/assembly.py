@@ -28,7 +28,7 @@ from safetensors import safe_open
 
 from hsx_dagster import __version__
 from hsx_dagster.core.dataset.manifest import Manifest, ManifestLayers, ShardStats
-from hsx_dagster.core.inputs.tokenization import (
+from hsx_dagster.core.inputs.tokenized import (
     TokenizedSummary,
     read_tokenized_shard,
     tokenized_digest,

@@ -28,7 +28,7 @@ from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.extraction.devices import claimed_device
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage.format import COMPUTE_DTYPES, DRAFTER_INDEX_FILE, DRAFTER_QUARANTINE_FILE
 from hsx_dagster.core.storage.provenance import ChunkLayout, chunk_header
 from hsx_dagster.core.storage.shard_checks import (

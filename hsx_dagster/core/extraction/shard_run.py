@@ -20,7 +20,7 @@ from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
-from hsx_dagster.core.inputs.tokenization import read_tokenized_shard, tokenized_digest
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
 from hsx_dagster.core.model_info import ModelInfo, check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings, ModelSettings, Settings
 from hsx_dagster.core.storage.format import (

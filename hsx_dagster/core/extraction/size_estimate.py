@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx_dagster.core.inputs.tokenization import ShardLoad
+from hsx_dagster.core.inputs.tokenized import ShardLoad
 from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import bytes_per_vector

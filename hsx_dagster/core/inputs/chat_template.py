@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason
+from hsx_dagster.core.inputs.records import Conversation, Message, RejectReason
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _PROBE_USER = "hsxprobeuserturn"

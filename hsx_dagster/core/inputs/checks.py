@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from hsx_dagster.core.check_outcome import CheckOutcome
-from hsx_dagster.core.inputs.tokenization import TokenizedSummary
+from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.storage.format import tokenized_shard_file
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.check_outcome import CheckOutcome
-from hsx_dagster.core.inputs.conversations import Reject
+from hsx_dagster.core.inputs.records import Reject
 from hsx_dagster.core.regenerate.store import CONVERSATIONS_FILE, FAILURES_FILE, read_jsonl
 from hsx_dagster.core.regenerate.turns import iter_inputs
 

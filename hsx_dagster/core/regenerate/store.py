@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsx_dagster.core.inputs.conversations import Reject
+from hsx_dagster.core.inputs.records import Reject
 from hsx_dagster.core.regenerate.turns import FailureReason, SourceConversation
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, read_lines, write_atomic
 from hsx_dagster.core.storage.files import FileLock
