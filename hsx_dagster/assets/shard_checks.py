@@ -24,8 +24,9 @@ from hsx_dagster.core.storage.shard_checks import (
 from hsx_dagster.resources import HsxSettings
 
 SHARD_CHECK_DESCRIPTIONS = {
-    "shard_coverage": "Every tokenized sample of the shard committed or quarantined exactly once, nothing else, "
-    "with the tokenized ids and loss mask beside its states; the shard marked complete.",
+    "shard_coverage": "Every tokenized sample of the shard committed or quarantined exactly once (samples whose "
+    "input is gone counted as departed), with the tokenized ids and loss mask beside its states; the shard marked "
+    "complete.",
     "shard_integrity": "Every chunk of the shard's index exists, still has the sha256 recorded at write time, holds "
     "the samples the index says; headers, tensor names, dtypes and shapes match the shard's provenance.",
     "shard_numerics": "No NaN or Inf in the shard's states (fp8 de-quantised); per-layer mean and std, a layer of "

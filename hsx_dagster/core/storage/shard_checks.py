@@ -3,8 +3,9 @@
 They run on the partition a run has just materialized, so a damaged or incomplete shard is caught
 on the shard that is wrong (where the retry schedule can act), not later on the assembled dataset:
 
-- coverage: every tokenized sample of the shard is committed or quarantined exactly once, nothing
-  else is, and the ids and loss mask stored beside each sample's states are the tokenized ones;
+- coverage: every tokenized sample of the shard is committed or quarantined exactly once, and the ids
+  and loss mask stored beside each sample's states are the tokenized ones (committed samples whose input
+  is gone are counted as departed, not served);
 - integrity: every chunk the index lists exists, still has the sha256 recorded at write time,
   holds the samples the index says, and its header (format, shard, layers, dtype, tensor names,
   dtypes and shapes) matches the shard's provenance;
@@ -206,7 +207,8 @@ def check_shard_coverage(shard_dir: Path, tokenized_dir: Path, shard: str) -> Ch
     accounted = committed + Counter(quarantined)
     twice = sorted(sample_id for sample_id, n in accounted.items() if n > 1)
     missing = sorted(sample_id for sample_id in rows if sample_id not in accounted)
-    foreign = sorted(sample_id for sample_id in accounted if sample_id not in rows)
+    # committed samples whose input is gone (stable membership): kept in their chunk, never indexed or served
+    departed = sorted(sample_id for sample_id in accounted if sample_id not in rows)
     mismatched: list[int] = []
     for record in records:
         path = shard_dir / record.chunk
@@ -218,10 +220,6 @@ def check_shard_coverage(shard_dir: Path, tokenized_dir: Path, shard: str) -> Ch
         problems.append(f"{len(missing)} samples neither committed nor quarantined (e.g. {missing[:MAX_LISTED]})")
     if twice:
         problems.append(f"{len(twice)} samples committed or quarantined more than once (e.g. {twice[:MAX_LISTED]})")
-    if foreign:
-        problems.append(
-            f"{len(foreign)} samples are not of this shard's tokenized samples (e.g. {foreign[:MAX_LISTED]})"
-        )
     if mismatched:
         problems.append(
             f"{len(mismatched)} samples' stored ids or loss mask differ from the tokenized ones "
@@ -240,7 +238,7 @@ def check_shard_coverage(shard_dir: Path, tokenized_dir: Path, shard: str) -> Ch
             "quarantined": len(quarantined),
             "missing": len(missing),
             "duplicated": len(twice),
-            "foreign": len(foreign),
+            "departed": len(departed),
             "mismatched": len(mismatched),
         },
     )

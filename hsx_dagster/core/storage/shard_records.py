@@ -1,0 +1,71 @@
+"""A shard's records on disk, read back: the index of committed chunks, the quarantined samples, the totals.
+
+The index (``index.jsonl``) is the truth about what a shard holds; `ShardStore` (shard_store.py) writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hsx_dagster.core.storage.atomic import StoreError, read_lines
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    chunk: str
+    samples: int
+    tokens: int
+    bytes: int
+    sha256: str
+    sample_ids: list[int]
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    sample_id: int
+    reason: str
+    detail: str
+
+
+def read_index(directory: Path) -> list[ChunkRecord]:
+    """Committed chunks; a torn last line (a crash while appending) is not a commit."""
+    path = Path(directory) / SHARD_INDEX_FILE
+    try:
+        return [ChunkRecord(**entry) for entry in read_lines(path)]
+    except TypeError as exc:
+        raise StoreError(f"{path}: not a chunk record ({exc})") from None
+
+
+def read_quarantine(directory: Path) -> list[QuarantineRecord]:
+    return [QuarantineRecord(**entry) for entry in read_lines(Path(directory) / SHARD_QUARANTINE_FILE)]
+
+
+@dataclass(frozen=True)
+class ShardTotals:
+    """Samples, tokens, bytes and chunk names over a shard's committed chunks."""
+
+    samples: int
+    tokens: int
+    bytes: int
+    chunks: tuple[str, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[ChunkRecord]) -> ShardTotals:
+        return cls(
+            samples=sum(r.samples for r in records),
+            tokens=sum(r.tokens for r in records),
+            bytes=sum(r.bytes for r in records),
+            chunks=tuple(r.chunk for r in records),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """As complete.json records them."""
+        return {**asdict(self), "chunks": list(self.chunks)}
+
+
+def shard_totals(directory: Path) -> ShardTotals:
+    return ShardTotals.of(read_index(directory))
