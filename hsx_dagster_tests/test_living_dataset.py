@@ -10,10 +10,17 @@ from dagster import AssetKey, instance_for_test, materialize
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
+from hsx_dagster.core.dataset.assembly import assemble
+from hsx_dagster.core.dataset.checks import check_coverage
 from hsx_dagster.core.dataset.reader import DrafterDataset
+from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.settings import load_settings
+from hsx_dagster.core.storage.shard_checks import check_shard
+from hsx_dagster.core.storage.shard_store import read_index
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster_tests.helpers import shard_job, tokenize
 
 SHARDS = ("shard-00", "shard-01")
 
@@ -91,3 +98,43 @@ def test_grow_by_ten_percent_then_shrink_back_without_start_over(small_inputs, e
         assert sum(m["chunks_reclaimed"] for m in shrunk.values()) >= 1  # the new samples' chunks held nothing else
         assert set(DrafterDataset(out / "drafter").sample_ids) == before_ids
         assert chunk_bytes(out) == before_chunks  # what the grown run added is gone, the rest untouched
+
+
+def test_removing_every_input_of_a_shard_leaves_an_empty_shard_that_checks_and_assembles(
+    small_inputs, demo_model_dir, tmp_path
+):
+    lines = small_inputs.read_text().splitlines()[:8]
+    inputs = tmp_path / "few.jsonl"
+    inputs.write_text("".join(line + "\n" for line in lines))
+    tokenized, hidden = tmp_path / "tokenized", tmp_path / "hidden_states"
+    tokenize([inputs], demo_model_dir, tokenized, shards=2, max_length=64)
+    for shard in SHARDS:
+        run_shard(
+            shard_job(
+                shard=shard,
+                tokenized_dir=tokenized,
+                output_dir=hidden / shard,
+                model_path=demo_model_dir,
+                layer_ids=(1, 3),
+            )
+        )
+    kept = read_tokenized_shard(tokenized, "shard-00", columns=["source_index"]).column("source_index").to_pylist()
+    inputs.write_text("".join(lines[i] + "\n" for i in sorted(kept)))  # every input of shard-01 removed
+    summary = tokenize([inputs], demo_model_dir, tokenized, shards=2, max_length=64)
+    assert [(s.samples, s.added) for s in summary.shards] == [(len(kept), 0), (0, 0)]
+
+    emptied = run_shard(
+        shard_job(
+            shard="shard-01",
+            tokenized_dir=tokenized,
+            output_dir=hidden / "shard-01",
+            model_path=demo_model_dir,
+            layer_ids=(1, 3),
+        )
+    )
+    assert emptied.report.samples == 0 and emptied.reclaimed_chunks >= 1 and not read_index(hidden / "shard-01")
+    outcomes = check_shard(hidden / "shard-01", tokenized, "shard-01", heal=True)
+    assert all(o.passed for o in outcomes.values()), {k: o.description for k, o in outcomes.items()}
+    summary = assemble(tokenized, hidden, list(SHARDS), tmp_path / "drafter", val_fraction=0.1, settings={})
+    assert summary.samples == len(kept) and [s.samples for s in summary.shards] == [len(kept), 0]
+    assert check_coverage(tmp_path / "drafter", tokenized).passed

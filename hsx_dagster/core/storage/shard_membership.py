@@ -19,6 +19,7 @@ import pyarrow as pa
 from safetensors import safe_open
 
 from hsx_dagster.core.storage.atomic import StoreError
+from hsx_dagster.core.storage.chunk_checks import TokenizedRows, positions_of
 from hsx_dagster.core.storage.shard_records import ChunkRecord, read_index, read_quarantine
 
 
@@ -63,25 +64,15 @@ def chunks_with_changed_tokens(
 ) -> list[tuple[ChunkRecord, int]]:
     """Committed chunks holding current samples whose stored ids or loss mask differ from ``table``'s rows
     (sample_id, input_ids, loss_mask), with how many such samples each holds. Reads ids and masks only."""
-    row_of = {sample_id: row for row, sample_id in enumerate(table.column("sample_id").to_pylist())}
-    input_ids, loss_mask = table.column("input_ids").combine_chunks(), table.column("loss_mask").combine_chunks()
+    rows = TokenizedRows(table)
     changed = []
     for record in records:
         path = Path(directory) / record.chunk
         if not path.is_file():
             continue  # a missing chunk is the integrity check's finding
         with safe_open(str(path), framework="np") as chunk:
-            offsets, ids, masks = (chunk.get_tensor(n) for n in ("offsets", "input_ids", "loss_mask"))
-        count = 0
-        for position, sample_id in enumerate(record.sample_ids):
-            row = row_of.get(sample_id)
-            if row is None:
-                continue  # departed
-            start, end = int(offsets[position]), int(offsets[position + 1])
-            want_ids = input_ids[row].values.to_numpy(zero_copy_only=False)
-            want_mask = loss_mask[row].values.to_numpy(zero_copy_only=False)
-            same = np.array_equal(ids[start:end], want_ids) and np.array_equal(masks[start:end], want_mask)
-            count += not same
+            small = {name: chunk.get_tensor(name) for name in ("offsets", "input_ids", "loss_mask", "sample_ids")}
+        count = len(rows.mismatching(small, positions_of(record.sample_ids)))
         if count:
             changed.append((record, count))
     return changed

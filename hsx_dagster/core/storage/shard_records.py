@@ -5,13 +5,15 @@ The index (``index.jsonl``) is the truth about what a shard holds; `ShardStore` 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hsx_dagster.core.storage.atomic import StoreError, read_lines
-from hsx_dagster.core.storage.format import SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE
+from hsx_dagster.core.storage.atomic import StoreError, read_lines, write_atomic
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, VERIFIED_FILE
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class ChunkRecord:
     bytes: int
     sha256: str
     sample_ids: list[int]
+    # per-layer statistics computed when the chunk was written (chunk_stats.py); None in older shards
+    stats: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -69,3 +73,38 @@ class ShardTotals:
 
 def shard_totals(directory: Path) -> ShardTotals:
     return ShardTotals.of(read_index(directory))
+
+
+def record_verified(directory: Path, records: Sequence[ChunkRecord]) -> None:
+    """Note ``records`` as read whole and found as written (by the shard checks), with each file's size and mtime:
+    the drafter dataset's checks do not read them again while both are unchanged."""
+    entries = {}
+    for record in records:
+        try:
+            status = os.stat(Path(directory) / record.chunk)
+        except FileNotFoundError:
+            continue
+        entries[record.chunk] = {"sha256": record.sha256, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
+    write_atomic(Path(directory) / VERIFIED_FILE, json.dumps(entries, indent=1, sort_keys=True).encode())
+
+
+def verified_unchanged(directory: Path, record: ChunkRecord, verified: dict | None = None) -> bool:
+    """Whether the shard checks found ``record``'s chunk whole and its file has not changed since (size, mtime)."""
+    if verified is None:
+        verified = read_verified(directory)
+    entry = verified.get(record.chunk)
+    if not entry or entry.get("sha256") != record.sha256:
+        return False
+    try:
+        status = os.stat(Path(directory) / record.chunk)
+    except FileNotFoundError:
+        return False
+    return status.st_size == entry.get("size") and status.st_mtime_ns == entry.get("mtime_ns")
+
+
+def read_verified(directory: Path) -> dict:
+    try:
+        data = json.loads((Path(directory) / VERIFIED_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

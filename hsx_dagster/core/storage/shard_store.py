@@ -178,8 +178,14 @@ class ShardStore:
         append_lines(self.directory / SHARD_QUARANTINE_FILE, [asdict(record) for record in records])
         self.quarantined.extend(records)
 
-    def commit(self, tensors: dict[str, torch.Tensor], sample_ids: list[int], metadata: dict[str, str]) -> ChunkRecord:
-        """Write one chunk atomically, then record it in the index."""
+    def commit(
+        self,
+        tensors: dict[str, torch.Tensor],
+        sample_ids: list[int],
+        metadata: dict[str, str],
+        stats: dict | None = None,
+    ) -> ChunkRecord:
+        """Write one chunk atomically, then record it in the index (with its write-time ``stats``)."""
         name = self.next_chunk_name()
         payload = safetensors_bytes(tensors, metadata=metadata)
         write_atomic(self.directory / name, payload)
@@ -190,6 +196,7 @@ class ShardStore:
             bytes=len(payload),
             sha256=hashlib.sha256(payload).hexdigest(),
             sample_ids=list(sample_ids),
+            stats=stats,
         )
         append_lines(self.directory / SHARD_INDEX_FILE, [asdict(record)])
         self.records.append(record)
