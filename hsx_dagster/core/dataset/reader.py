@@ -8,6 +8,10 @@ Reads are memory-mapped slices of the safetensors chunks (a sample never loads i
 open files are per process (safe with DataLoader workers, forked or spawned), and nothing on the
 read path unpickles: the index is Parquet, the manifest JSON, the tensors safetensors.
 
+The index is held in numpy arrays (sample ids, chunk codes, positions, token counts; the chunk names once
+each), not Python objects: about 21 bytes per sample, and a forked worker reading it writes to none of its
+pages (Python objects would be copied page by page as their reference counts change).
+
 fp8 datasets (``storage_dtype: float8_e4m3``) come back de-quantised, in bfloat16 unless ``dtype``
 says otherwise; ``raw=True`` hands out the fp8 states and their ``*_scales`` as stored, for
 trainers that de-quantise on their own GPU (layout in ``manifest["quantization"]``).
@@ -20,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
@@ -64,18 +70,24 @@ class DrafterDataset(torch.utils.data.Dataset):
             raise DatasetError(f"{manifest_file}: not a complete manifest (missing or unreadable {exc})") from None
         if split not in (None, "train", "val"):
             raise ValueError(f"split must be 'train', 'val' or None, not {split!r}")
-        table = pq.read_table(self.path / self.record.index)
+        # the chunk column as Parquet stores it, dictionary-encoded: its strings are never materialized per row
+        table = pq.read_table(self.path / self.record.index, read_dictionary=["chunk"])
         if split is not None:
             table = table.filter(pc.equal(table.column("split"), split))
         self.split = split
         self.dtype = dtype
         self.raw = raw
         self._root = self.record.chunks_dir(self.path)
-        self._sample_ids = table.column("sample_id").to_pylist()
-        self._chunks = table.column("chunk").to_pylist()
-        self._positions = table.column("position").to_pylist()
-        self._num_tokens = table.column("num_tokens").to_pylist()
-        self._open: dict[str, tuple[object, list[int], list[int]]] = {}
+        self._sample_ids = _array(table, "sample_id", np.int64)
+        column = table.column("chunk")
+        if not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column)
+        chunks = column.unify_dictionaries().combine_chunks()
+        self._chunk_names: list[str] = chunks.dictionary.to_pylist()  # each chunk's name once
+        self._chunk_codes = chunks.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        self._positions = _array(table, "position", np.int32)
+        self._num_tokens = _array(table, "num_tokens", np.int32)
+        self._open: dict[str, tuple[object, np.ndarray, np.ndarray]] = {}
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -83,7 +95,7 @@ class DrafterDataset(torch.utils.data.Dataset):
 
     @property
     def sample_ids(self) -> list[int]:
-        return list(self._sample_ids)
+        return self._sample_ids.tolist()
 
     @property
     def model(self) -> dict[str, Any]:
@@ -118,29 +130,36 @@ class DrafterDataset(torch.utils.data.Dataset):
     @property
     def num_tokens(self) -> list[int]:
         """Token count per sample (for length-grouped samplers), without reading any tensor."""
-        return list(self._num_tokens)
+        return self._num_tokens.tolist()
+
+    @property
+    def num_tokens_array(self) -> np.ndarray:
+        """The same as a read-only numpy array (no copy)."""
+        view = self._num_tokens.view()
+        view.flags.writeable = False
+        return view
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"sample {index} out of range for {len(self)} samples")
-        chunk_name, position = self._chunks[index], self._positions[index]
+        chunk_name, position, sample_id = self.locate(index)
         chunk, offsets, chunk_ids = self._chunk(chunk_name)
-        if position >= len(chunk_ids) or chunk_ids[position] != self._sample_ids[index]:
+        if position >= len(chunk_ids) or chunk_ids[position] != sample_id:
             raise DatasetError(
-                f"{self._root / chunk_name}: position {position} does not hold sample {self._sample_ids[index]}: the "
+                f"{self._root / chunk_name}: position {position} does not hold sample {sample_id}: the "
                 "chunk was replaced after assembly or the index is stale; assemble the drafter dataset again"
             )
-        start, end = offsets[position], offsets[position + 1]
+        start, end = int(offsets[position]), int(offsets[position + 1])
         try:
-            sample = {
-                "sample_id": self._sample_ids[index],
-                **read_sample(chunk, start, end, dtype=self.dtype, raw=self.raw),
-            }
+            sample = {"sample_id": sample_id, **read_sample(chunk, start, end, dtype=self.dtype, raw=self.raw)}
         except (SafetensorError, RuntimeError, ValueError) as exc:
-            raise DatasetError(
-                f"{self._root / chunk_name}: cannot read sample {self._sample_ids[index]}: {exc}"
-            ) from None
+            raise DatasetError(f"{self._root / chunk_name}: cannot read sample {sample_id}: {exc}") from None
         return sample
+
+    def locate(self, index: int) -> tuple[str, int, int]:
+        """Where sample ``index`` is, from the index alone: (chunk path relative to the chunks root, position in
+        the chunk, sample id)."""
+        return self._chunk_names[self._chunk_codes[index]], int(self._positions[index]), int(self._sample_ids[index])
 
     def _chunk(self, name: str):
         if os.getpid() != self._pid:  # a forked DataLoader worker: never share the parent's open files
@@ -151,8 +170,8 @@ class DrafterDataset(torch.utils.data.Dataset):
             path = self._root / name
             try:
                 handle = safe_open(str(path), framework="pt")
-                offsets = handle.get_tensor("offsets").tolist()
-                sample_ids = handle.get_tensor("sample_ids").tolist()
+                offsets = handle.get_tensor("offsets").numpy()
+                sample_ids = handle.get_tensor("sample_ids").numpy()
             except FileNotFoundError:
                 raise DatasetError(f"{path}: chunk file is missing") from None
             except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
@@ -168,6 +187,10 @@ class DrafterDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state["_open"] = {}
         return state
+
+
+def _array(table, column: str, dtype) -> np.ndarray:
+    return table.column(column).combine_chunks().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
 def collate_drafter_batch(samples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
