@@ -78,10 +78,13 @@ def drop_cache(files: list[Path]) -> str:
         return "posix_fadvise(DONTNEED)"
 
 
-def timed(run) -> tuple[float, float]:
-    load, started = os.getloadavg()[0], time.perf_counter()
+def timed(run) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (this process and its children: user + system) and the load before."""
+    load, started, before = os.getloadavg()[0], time.perf_counter(), os.times()
     run()
-    return time.perf_counter() - started, load
+    after = os.times()
+    cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
+    return time.perf_counter() - started, cpu, load
 
 
 def contestants(root: Path, shard: Path, chunks: list[Path]) -> dict:
@@ -99,6 +102,10 @@ def contestants(root: Path, shard: Path, chunks: list[Path]) -> dict:
 
     return {
         "sha256sum": lambda: subprocess.run(["sha256sum", *map(str, chunks)], check=True, capture_output=True),
+        # the same hash with OpenSSL's SHA-NI code, which Python's hashlib uses too (coreutils 9.1's does not)
+        "openssl_sha256": lambda: subprocess.run(
+            ["openssl", "dgst", "-sha256", *map(str, chunks)], check=True, capture_output=True
+        ),
         "shard_checks": shard_checks,
         "drafter_checks": drafter_checks,
     }
@@ -125,8 +132,9 @@ def main() -> None:
             for name, run in contestants(root, shard, chunks).items():  # interleaved
                 for cache in ("cold", "warm"):
                     method = drop_cache(chunks) if cache == "cold" else "none"
-                    seconds, load = timed(run)
+                    seconds, cpu, load = timed(run)
                     runs.append({"round": round_, "contestant": name, "cache": cache, "seconds": round(seconds, 3),
+                                 "cpu_s": round(cpu, 3),
                                  "mb_per_s": round(size / 2**20 / seconds, 1), "load_1min": load,
                                  "cold_method": method})  # fmt: skip
                     print(json.dumps(runs[-1]), flush=True)
