@@ -100,6 +100,7 @@ def test_grow_by_ten_percent_then_shrink_back_without_start_over(small_inputs, e
         assert chunk_bytes(out) == before_chunks  # what the grown run added is gone, the rest untouched
 
 
+@pytest.mark.slow  # two tokenizations and three shard runs
 def test_removing_every_input_of_a_shard_leaves_an_empty_shard_that_checks_and_assembles(
     small_inputs, demo_model_dir, tmp_path
 ):
