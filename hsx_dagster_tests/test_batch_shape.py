@@ -23,11 +23,11 @@ from hsx_dagster.core.extraction.batch_shape import (
     LADDERS,
     WINDOW,
     BatchShaper,
-    Lap,
     Shape,
 )
 from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
 from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster.core.extraction.timing import Lap
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE

@@ -28,9 +28,10 @@ import pyarrow as pa
 import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, LapTimer, Shape
+from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, Shape
 from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
+from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
