@@ -26,7 +26,7 @@ from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
 from hsx_dagster.core.inputs.tokenized import TokenizedDataError
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 LAYERS = (1, 3)
 
@@ -216,10 +216,13 @@ def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_pat
     from hsx_dagster.partitions import shard_partitions
     from hsx_dagster.resources import GpuResource, HsxSettings
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, 3]\n"
-        "shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  chunk_mb: 0.05\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [few_inputs], "max_length": 64},
+        model={"path": demo_model_dir, "layers": [1, 3]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "chunk_mb": 0.05},
     )
     settings = load_settings(settings_file)
     hidden_states = build_hidden_states(shard_partitions(settings))
