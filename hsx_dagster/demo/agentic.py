@@ -82,84 +82,76 @@ def generate_agentic_conversations(n: int, seed: int) -> list[dict[str, Any]]:
     reasoning as ``reasoning_content`` (sometimes under the key ``reasoning``) or inline ``<think>``,
     multi-turn chats whose earlier turns carry reasoning, and user turns given as lists of text parts.
     """
-    rng = random.Random(seed)
-    gen = TextGenerator(rng)
-    records = []
-    for number in range(n):
-        tools = rng.sample(DEMO_TOOLS, rng.randint(1, len(DEMO_TOOLS)))
-        reasoning_form = rng.choice(("field", "field", "inline", "none"))
-        reasoning_key = "reasoning" if rng.random() < 0.15 else "reasoning_content"
-        messages: list[dict[str, Any]] = []
-        if rng.random() < SYSTEM_RATE:
-            messages.append({"role": "system", "content": gen.system_prompt()})
+    gen = TextGenerator(random.Random(seed))
+    return [_agentic_record(gen, number) for number in range(n)]
 
-        def assistant(
-            text: str | None,
-            tool_calls: list[dict[str, Any]] | None = None,
-            reasoning_form: str = reasoning_form,
-            reasoning_key: str = reasoning_key,
-        ) -> dict[str, Any]:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if reasoning_form == "field":
-                message[reasoning_key] = gen.reasoning()
-            elif reasoning_form == "inline":
-                message["content"] = f"{THINK_OPEN}\n{gen.reasoning()}\n{THINK_CLOSE}\n\n{text or ''}"
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            return message
 
-        exchanges = rng.choices((1, 2, 3), weights=(50, 35, 15))[0]
-        for _ in range(exchanges):
-            question = gen.user_message()
-            if rng.random() < AGENTIC_RATE_LIST_CONTENT:
-                head, _, tail = question.partition(" ")
+def _agentic_record(gen: TextGenerator, number: int) -> dict[str, Any]:
+    """One record; every draw from the one ``gen.rng``, in a fixed order (the demo reproduces byte for byte)."""
+    rng = gen.rng
+    tools = rng.sample(DEMO_TOOLS, rng.randint(1, len(DEMO_TOOLS)))
+    form = rng.choice(("field", "field", "inline", "none"))
+    key = "reasoning" if rng.random() < 0.15 else "reasoning_content"
+    messages: list[dict[str, Any]] = []
+    if rng.random() < SYSTEM_RATE:
+        messages.append({"role": "system", "content": gen.system_prompt()})
+    for _ in range(rng.choices((1, 2, 3), weights=(50, 35, 15))[0]):
+        messages.append(_user_turn(gen))
+        for _ in range(rng.choices((0, 1, 2), weights=(15, 60, 25))[0]):
+            calls = [_tool_call(gen, rng.choice(tools)) for _ in range(rng.choices((1, 2, 3), weights=(55, 30, 15))[0])]
+            preamble = None if rng.random() < 0.5 else gen.tool_call_message(False)
+            messages.append(_assistant(gen, preamble, calls, form, key))
+            for call in calls:
+                name = call["function"]["name"]
                 messages.append(
-                    {"role": "user", "content": [{"type": "text", "text": head + " "}, {"type": "text", "text": tail}]}
+                    {"role": "tool", "tool_call_id": call["id"], "name": name, "content": gen.tool_output()}
                 )
-            else:
-                messages.append({"role": "user", "content": question})
-            for _ in range(rng.choices((0, 1, 2), weights=(15, 60, 25))[0] if messages[-1]["role"] == "user" else 0):
-                calls: list[dict[str, Any]] = []
-                for _ in range(rng.choices((1, 2, 3), weights=(55, 30, 15))[0]):
-                    tool = rng.choice(tools)
-                    arguments: Any = _tool_arguments(gen, tool)
-                    if rng.random() < 0.5:
-                        # As OpenAI sends them: a JSON string, written by the template exactly as given.
-                        arguments = json.dumps(arguments, ensure_ascii=rng.random() < 0.5)
-                    call_id = f"call_{rng.getrandbits(40):010x}"
-                    calls.append(
-                        {
-                            "id": call_id,
-                            "type": "function",
-                            "function": {"name": tool["function"]["name"], "arguments": arguments},
-                        }
-                    )
-                preamble = None if rng.random() < 0.5 else gen.tool_call_message(False)
-                messages.append(assistant(preamble, calls))
-                for call in calls:
-                    messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": call["id"],
-                            "name": call["function"]["name"],
-                            "content": gen.tool_output(),
-                        }
-                    )
-            messages.append(assistant(gen.assistant_message(False)))
-        if not any(m.get("tool_calls") for m in messages):  # every record calls a tool at least once
-            tool = rng.choice(tools)
-            call = {
-                "id": "call_last",
-                "type": "function",
-                "function": {"name": tool["function"]["name"], "arguments": _tool_arguments(gen, tool)},
-            }
-            messages[-1:] = [
-                assistant(None, [call]),
-                {"role": "tool", "tool_call_id": "call_last", "content": gen.tool_output()},
-                messages[-1],
-            ]
-        records.append({"id": f"agentic-{number:05d}", "tools": tools, "messages": messages})
-    return records
+        messages.append(_assistant(gen, gen.assistant_message(False), None, form, key))
+    if not any(m.get("tool_calls") for m in messages):  # every record calls a tool at least once
+        tool = rng.choice(tools)
+        call = {
+            "id": "call_last",
+            "type": "function",
+            "function": {"name": tool["function"]["name"], "arguments": _tool_arguments(gen, tool)},
+        }
+        messages[-1:] = [
+            _assistant(gen, None, [call], form, key),
+            {"role": "tool", "tool_call_id": "call_last", "content": gen.tool_output()},
+            messages[-1],
+        ]
+    return {"id": f"agentic-{number:05d}", "tools": tools, "messages": messages}
+
+
+def _user_turn(gen: TextGenerator) -> dict[str, Any]:
+    question = gen.user_message()
+    if gen.rng.random() < AGENTIC_RATE_LIST_CONTENT:
+        head, _, tail = question.partition(" ")
+        return {"role": "user", "content": [{"type": "text", "text": head + " "}, {"type": "text", "text": tail}]}
+    return {"role": "user", "content": question}
+
+
+def _tool_call(gen: TextGenerator, tool: dict[str, Any]) -> dict[str, Any]:
+    rng = gen.rng
+    arguments: Any = _tool_arguments(gen, tool)
+    if rng.random() < 0.5:
+        # As OpenAI sends them: a JSON string, written by the template exactly as given.
+        arguments = json.dumps(arguments, ensure_ascii=rng.random() < 0.5)
+    call_id = f"call_{rng.getrandbits(40):010x}"
+    return {"id": call_id, "type": "function", "function": {"name": tool["function"]["name"], "arguments": arguments}}
+
+
+def _assistant(
+    gen: TextGenerator, text: str | None, tool_calls: list[dict[str, Any]] | None, form: str, key: str
+) -> dict[str, Any]:
+    """An assistant turn; its reasoning (drawn after ``text``) as the field ``key`` or inline, as ``form`` says."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if form == "field":
+        message[key] = gen.reasoning()
+    elif form == "inline":
+        message["content"] = f"{THINK_OPEN}\n{gen.reasoning()}\n{THINK_CLOSE}\n\n{text or ''}"
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
 
 
 def to_sharegpt_tool_use(record: dict[str, Any], tools_as_string: bool) -> dict[str, Any]:
