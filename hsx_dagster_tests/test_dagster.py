@@ -50,7 +50,8 @@ def test_definitions_graph_partitions_and_resources(settings_file):
     defs = build_definitions(load_settings(settings_file))
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert keys == {"conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset"}
+    assert keys == {"conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset",
+                    "speculators_dataset", "specforge_dataset"}  # fmt: skip
     assert graph.get(AssetKey("conversations")).is_observable and graph.get(AssetKey("target_model")).is_observable
     hidden = defs.resolve_assets_def("hidden_states")
     assert hidden.op.name == "extract_hidden_states"
