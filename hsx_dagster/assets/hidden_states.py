@@ -64,6 +64,11 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "quarantined": result.quarantined,
         "quarantined_this_run": MetadataValue.json(report.quarantined[:20]),
         "samples_resumed": report.samples_skipped,
+        # stable membership (core/storage/shard_membership.py): committed samples whose input is gone, chunks
+        # deleted because they held only such samples, chunks re-extracted because their tokens changed
+        "samples_departed": result.departed,
+        "chunks_reclaimed": result.reclaimed_chunks,
+        "chunks_redone": result.redone_chunks,
         "elapsed_s": round(report.elapsed_s, 2),
         "samples_per_s": round(report.samples_per_s, 2),
         "tokens_per_s": round(report.tokens_per_s, 1),
