@@ -94,7 +94,7 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
                 busy.append(shard)
                 continue
             since = _last_success(instance, shard)
-            attempts = instance.get_runs_count(RunsFilter(tags={RETRY_SHARD_TAG: shard}, created_after=since))
+            attempts = _retries_since(instance, shard, since)
             if attempts >= max_retries:
                 exhausted.append(shard)
                 continue
@@ -132,6 +132,15 @@ def failed_shard_checks(instance, shards: Sequence[str]) -> dict[str, list[str]]
     for shard, name in failed_current_checks(instance, keys, shards):
         failed.setdefault(shard, []).append(name)
     return {shard: sorted(names) for shard, names in failed.items()}
+
+
+def retries_used(instance, shard: str) -> int:
+    """Runs this schedule launched for ``shard`` since its last success."""
+    return _retries_since(instance, shard, _last_success(instance, shard))
+
+
+def _retries_since(instance, shard: str, since: datetime.datetime | None) -> int:
+    return instance.get_runs_count(RunsFilter(tags={RETRY_SHARD_TAG: shard}, created_after=since))
 
 
 def _last_success(instance, shard: str, lookback: int = 100):

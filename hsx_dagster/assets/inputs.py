@@ -10,6 +10,7 @@ while the daemon runs (`make ui`), and on demand with "Observe sources" in the U
 """
 
 import datetime
+from pathlib import Path
 
 from dagster import (
     AssetExecutionContext,
@@ -21,10 +22,10 @@ from dagster import (
 )
 
 from hsx_dagster.asset_keys import CONVERSATIONS, TARGET_MODEL
-from hsx_dagster.checks import sized, table_value
-from hsx_dagster.core.extraction.size_estimate import format_bytes
+from hsx_dagster.checks import table_value
 from hsx_dagster.core.fingerprints import CACHE_FILE, files_version, fingerprint_files, model_version
 from hsx_dagster.core.model_info import weight_files
+from hsx_dagster.core.units import format_bytes
 
 OBSERVE_CRON = "*/5 * * * *"
 
@@ -46,13 +47,12 @@ def build_input_assets() -> list:
         prints = fingerprint_files(settings.dataset.paths, cache_file=settings.output_dir / CACHE_FILE)
         rows = [
             {
-                "file": p.path,
-                "bytes": p.bytes,
+                "file": Path(p.path).name,  # the folders: `paths` below, so the table fits the page
                 "size": format_bytes(p.bytes),
-                "modified": datetime.datetime.fromtimestamp(p.mtime_ns / 1e9, tz=datetime.timezone.utc).isoformat(
-                    timespec="seconds"
+                "modified (UTC)": datetime.datetime.fromtimestamp(p.mtime_ns / 1e9, tz=datetime.timezone.utc).strftime(
+                    "%Y-%m-%d %H:%M"
                 ),
-                "sha256": p.sha256[:16],
+                "sha256": p.sha256[:12],
             }
             for p in prints
         ]
@@ -63,7 +63,8 @@ def build_input_assets() -> list:
             metadata={
                 "files": table_value(rows),
                 "file_count": len(prints),
-                **sized("bytes", sum(p.bytes for p in prints)),
+                "size": format_bytes(sum(p.bytes for p in prints)),
+                "paths": MetadataValue.md("\n".join(f"- `{p.path}`" for p in prints)),
             },
         )
 
@@ -85,12 +86,19 @@ def build_input_assets() -> list:
             data_version=DataVersion(version),
             metadata={
                 "path": MetadataValue.path(str(path)),
-                **info.describe(),
-                "architectures": MetadataValue.json(list(info.architectures)),
+                **model_entries(info.describe()),
                 "weight_files": len(weights),
-                **sized("weight_bytes", sum(p.stat().st_size for p in weights)),
+                "weights size": format_bytes(sum(p.stat().st_size for p in weights)),
                 **prints,
             },
         )
 
     return [conversations, target_model]
+
+
+def model_entries(described: dict) -> dict:
+    """The model's description, `architectures` only where it says more than `architecture`."""
+    architectures = described.pop("architectures")
+    if list(architectures) != [described["architecture"]]:
+        described["architectures"] = ", ".join(architectures)
+    return described
