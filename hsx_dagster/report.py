@@ -13,17 +13,13 @@ import sys
 from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.extraction.batch_shape_summary import shape_label
 from hsx_dagster.core.extraction.engine import ExtractionReport
-from hsx_dagster.core.extraction.shard_overview import (
-    low_forward_share_note,
-    readable_rows,
-    shard_rows,
-    total_line,
-    totals_row,
-)
+from hsx_dagster.core.extraction.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
+
+REPORT_COLUMNS = ("shard", "state", "samples", "size", "tokens/s", "forward", "device")  # no instance here
 
 
 def summary_lines(settings_file: str | None = None) -> list[str]:
@@ -82,17 +78,16 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
 
 
 def shard_table_lines(hidden_states_dir, shard_keys, tokenized) -> list[str]:
-    """The per-shard table the `hidden_states` asset shows (without the instance's columns), each shard's batch
-    shape under it, then the totals and a low forward share in words."""
+    """The per-shard table the `hidden_states` asset shows (without what only the instance knows), each shard's
+    batch shape below it, then the totals and a low forward share in words."""
     rows = shard_rows(hidden_states_dir, shard_keys, tokenized)
-    table = [*readable_rows(rows, with_instance=False), totals_row(rows, with_instance=False)]
-    widths = {column: max(len(column), *(len(entry[column]) for entry in table)) for column in table[0]}
-    lines = ["    " + "  ".join(column.ljust(widths[column]) for column in widths).rstrip()]
-    for row, entry in zip([*rows, None], table):
-        lines.append("    " + "  ".join(entry[c].ljust(widths[c]) for c in widths).rstrip())
-        complete = hidden_states_dir / row.shard / COMPLETE_FILE if row else None
-        if complete is not None and complete.is_file():
-            lines += batch_shape_lines(ExtractionReport.from_dict(json.loads(complete.read_text("utf-8"))["last_run"]))
+    lines = text_table(rows, REPORT_COLUMNS)
+    for row in rows:
+        complete = hidden_states_dir / row.shard / COMPLETE_FILE
+        if complete.is_file():
+            last_run = ExtractionReport.from_dict(json.loads(complete.read_text("utf-8"))["last_run"])
+            shape = batch_shape_lines(last_run)
+            lines += [f"    {row.shard}:", *shape] if shape else []
     lines.append(f"  total       {total_line(rows)}")
     note = low_forward_share_note(rows)
     if note:

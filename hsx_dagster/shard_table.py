@@ -32,8 +32,6 @@ def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: s
         elif row.shard in failed:
             state = "failed check"
         out.append(
-            row.with_instance_facts(
-                state, failed.get(row.shard, []), f"{retries_used(instance, row.shard)} of {budget}"
-            )
+            row.with_instance_facts(state, failed.get(row.shard, []), f"{retries_used(instance, row.shard)}/{budget}")
         )
     return out

@@ -386,7 +386,7 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
     shape = result.report.batch_shape
     assert metadata["batch settings"] == "batch_size auto, max_batch_tokens auto"  # the settings
     assert f"shape {shape.max_batch_tokens:,} tokens x {shape.batch_size} rows (auto)" in metadata["batches"]
-    assert "probing" in metadata["probes"] and "of the run (budget 3.0%)" in metadata["probes"]
+    assert "probing" in metadata["probes"] and f"of the run (budget {job.probe_budget:.1%})" in metadata["probes"]
     assert isinstance(metadata["probe table"], type(MetadataValue.md("")))
     text = metadata["probe table"].value
     assert "| probe | max_batch_tokens | batch_size |" in text and "tokens/s" in text

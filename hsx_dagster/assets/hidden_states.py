@@ -20,7 +20,14 @@ from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import table_value
 from hsx_dagster.core.extraction.batch_shape_summary import probe_table_markdown, shape_label
 from hsx_dagster.core.extraction.progress import Progress
-from hsx_dagster.core.extraction.shard_overview import ShardRow, low_forward_share_note, markdown_table, total_line
+from hsx_dagster.core.extraction.shard_overview import (
+    SPEED_COLUMNS,
+    STATE_COLUMNS,
+    ShardRow,
+    low_forward_share_note,
+    markdown_table,
+    total_line,
+)
 from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 from hsx_dagster.pools import GPU_POOL
@@ -93,7 +100,8 @@ def shards_metadata(rows: list[ShardRow]) -> dict:
     note = low_forward_share_note(rows)
     return {
         "all shards": total_line(rows),
-        "shards": MetadataValue.md(markdown_table(rows)),
+        "shards": MetadataValue.md(markdown_table(rows, STATE_COLUMNS)),
+        "shards' speed and checks": MetadataValue.md(markdown_table(rows, SPEED_COLUMNS)),
         **({"low forward share": note} if note else {}),
     }
 
@@ -105,15 +113,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
     metadata = {
         "shard": f"{job.shard}: {format_count(totals.samples)} samples, {format_count(totals.tokens)} tokens, "
         f"{format_bytes(totals.bytes)} ({totals.bytes / max(totals.tokens, 1):,.0f} bytes per token)",
-        "this run": f"{format_count(report.samples)} samples in {format_duration(report.elapsed_s)}"
-        + (f", {format_count(report.samples_skipped)} resumed from earlier runs" if report.samples_skipped else ""),
-        "throughput": f"{format_rate(report.tokens_per_s, 'tokens')}, {format_rate(report.samples_per_s, 'samples')}",
-        "forward share": format_share(report.forward_share),
-        "padding efficiency": format_share(report.padding_efficiency),
-        "device": report.device,
-        "peak memory": format_bytes(report.peak_memory_bytes),
-        "batches": f"{format_count(report.batches)}, shape {shape_label(shape)}"
-        + (f", {report.oom_splits} split after running out of memory" if report.oom_splits else ""),
+        **this_run_metadata(result),
         "layers": ", ".join(str(i) for i in job.layer_ids) + (" and the final norm" if job.model.include_final else ""),
         "decoder layers loaded": f"{info.kept_layers} of {info.num_layers}" if info else "none (nothing to extract)",
         "dtypes": f"{result.compute_dtype} compute, {job.extraction.storage_dtype} storage",
@@ -122,7 +122,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "chunks": str(len(totals.chunks)),
         "path": MetadataValue.path(str(job.output_dir)),
     }
-    if shape is not None and shape.mode != "fixed":
+    if shape is not None and shape.mode != "fixed" and report.samples:
         metadata["probes"] = (
             f"{format_duration(shape.probe_s)} probing, {format_duration(shape.probe_overhead_s)} lost to the "
             f"slower shapes: {format_share(report.probe_share)} of the run (budget {format_share(job.probe_budget)})"
@@ -133,3 +133,22 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
     if report.quarantined:
         metadata["quarantined this run"] = table_value(report.quarantined[:20])
     return metadata
+
+
+def this_run_metadata(result: ShardResult) -> dict:
+    """What this run did; a run that found every sample committed says so and nothing about speed."""
+    report = result.report
+    if not report.samples:
+        return {"this run": f"nothing to extract: all {format_count(report.samples_skipped)} samples committed earlier"}
+    shape = report.batch_shape
+    return {
+        "this run": f"{format_count(report.samples)} samples in {format_duration(report.elapsed_s)}"
+        + (f", {format_count(report.samples_skipped)} resumed from earlier runs" if report.samples_skipped else ""),
+        "throughput": f"{format_rate(report.tokens_per_s, 'tokens')}, {format_rate(report.samples_per_s, 'samples')}",
+        "forward share": format_share(report.forward_share),
+        "padding efficiency": format_share(report.padding_efficiency),
+        "device": report.device,
+        "peak memory": format_bytes(report.peak_memory_bytes),
+        "batches": f"{format_count(report.batches)}, shape {shape_label(shape)}"
+        + (f", {report.oom_splits} split after running out of memory" if report.oom_splits else ""),
+    }

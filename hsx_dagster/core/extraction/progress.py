@@ -50,7 +50,7 @@ class Progress:
             f"{self.shard}: {format_count(self.samples_done)} of {format_count(self.samples_total)} samples and "
             f"{format_share(self.fraction)} of the tokens done in {format_duration(self.elapsed_s)}, "
             f"{format_rate(self.tokens_per_s, 'tokens')}, {format_share(self.forward_share)} of the time in the "
-            f"forward pass, {format_bytes(self.bytes_written)} written; about {format_duration(self.eta_s)} left."
+            f"forward pass, {format_bytes(self.bytes_written)} committed; about {format_duration(self.eta_s)} left."
         )
 
     def metadata(self) -> dict[str, str]:
@@ -59,11 +59,11 @@ class Progress:
             "progress": f"{format_share(self.fraction)} of tokens",
             "samples": f"{format_count(self.samples_done)} of {format_count(self.samples_total)}",
             "tokens": f"{format_count(self.tokens_done)} of {format_count(self.tokens_total)}",
-            "written": format_bytes(self.bytes_written),
+            "committed": format_bytes(self.bytes_written),
             "throughput": format_rate(self.tokens_per_s, "tokens"),
             "forward share": format_share(self.forward_share),
             "elapsed": format_duration(self.elapsed_s),
-            "eta": format_duration(self.eta_s),
+            "time left": format_duration(self.eta_s),
             "device": self.device,
         }
         if self.samples_resumed:

@@ -19,7 +19,7 @@ from hsx_dagster.core.extraction.engine import ExtractionReport
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.storage.format import COMPLETE_FILE, TOKENIZED_SUMMARY_FILE
 from hsx_dagster.core.storage.shard_store import read_quarantine, shard_totals
-from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
+from hsx_dagster.core.units import format_bytes, format_count, format_share
 
 LOW_FORWARD_SHARE = 0.5  # below this share of the wall time in the forward pass, the device mostly waits
 STATE_WORDS = {"missing": "not started", "incomplete": "incomplete", "complete": "complete", "stale": "stale"}
@@ -39,7 +39,7 @@ class ShardRow:
     elapsed_s: float | None = None
     device: str = ""
     failed_checks: tuple[str, ...] = ()
-    retries: str = ""  # "1 of 3", filled in by the Dagster layer
+    retries: str = ""  # "1/3" (used of the budget), filled in by the Dagster layer
 
     def with_instance_facts(self, state: str | None, failed_checks: Sequence[str], retries: str) -> ShardRow:
         return replace(self, state=state or self.state, failed_checks=tuple(failed_checks), retries=retries)
@@ -105,55 +105,66 @@ def low_forward_share_note(rows: Sequence[ShardRow]) -> str | None:
     )
 
 
-def readable_rows(rows: Sequence[ShardRow], with_instance: bool = True) -> list[dict[str, str]]:
-    """The rows as short strings, one column per quantity, with a totals row; narrow enough for the UI."""
-    out = []
-    for r in rows:
-        entry = {
+STATE_COLUMNS = ("shard", "state", "samples", "size", "retries")  # the UI's two tables, each narrow enough for
+SPEED_COLUMNS = ("shard", "tokens/s", "forward", "device", "failed checks")  # the metadata column at 1,600 px
+RIGHT_ALIGNED = {"samples", "size", "tokens/s", "forward", "retries"}
+
+
+def readable_rows(rows: Sequence[ShardRow]) -> list[dict[str, str]]:
+    """The rows as short strings, one column per quantity (the Dagster layer's columns empty without it)."""
+    return [
+        {
             "shard": r.shard,
             "state": r.state,
-            "samples": f"{format_count(r.samples)} of {format_count(r.samples_total)}",
+            "samples": f"{format_count(r.samples)}/{format_count(r.samples_total)}",
             "size": format_bytes(r.bytes) if r.bytes else "",
-            "speed": format_rate(r.tokens_per_s, "tok") if r.tokens_per_s is not None else "",
+            "tokens/s": format_count(r.tokens_per_s) if r.tokens_per_s is not None else "",
             "forward": format_share(r.forward_share) if r.forward_share is not None else "",
             "device": r.device,
+            "failed checks": ", ".join(name.removeprefix("shard_") for name in r.failed_checks),
+            "retries": r.retries,
         }
-        if with_instance:
-            entry["failed checks"] = ", ".join(name.removeprefix("shard_") for name in r.failed_checks)
-            entry["retries"] = r.retries
-        out.append(entry)
-    return out
+        for r in rows
+    ]
 
 
-def totals_row(rows: Sequence[ShardRow], with_instance: bool = True) -> dict[str, str]:
-    elapsed = [r.elapsed_s for r in rows if r.elapsed_s]
-    tokens = sum(r.tokens for r in rows if r.elapsed_s)
-    entry = {
+def totals_row(rows: Sequence[ShardRow]) -> dict[str, str]:
+    timed = [r for r in rows if r.elapsed_s]
+    return {
         "shard": "total",
         "state": f"{sum(r.state == 'complete' for r in rows)} of {len(rows)} complete",
-        "samples": f"{format_count(sum(r.samples for r in rows))} of "
-        f"{format_count(sum(r.samples_total for r in rows))}",
+        "samples": f"{format_count(sum(r.samples for r in rows))}/{format_count(sum(r.samples_total for r in rows))}",
         "size": format_bytes(sum(r.bytes for r in rows)),
-        # shards run side by side on their own devices: the speeds add up
-        "speed": format_rate(sum(r.tokens_per_s or 0.0 for r in rows), "tok") if elapsed else "",
+        # shards run side by side on their own devices: their speeds add up
+        "tokens/s": format_count(sum(r.tokens_per_s or 0.0 for r in timed)) if timed else "",
         "forward": "",
-        "device": f"{format_duration(max(elapsed))} longest" if elapsed and tokens else "",
+        "device": "",
+        "failed checks": f"{sum(bool(r.failed_checks) for r in rows)} shards" if any(r.retries for r in rows) else "",
+        "retries": "",
     }
-    if with_instance:
-        entry["failed checks"] = str(sum(bool(r.failed_checks) for r in rows)) + " shards"
-        entry["retries"] = ""
-    return entry
 
 
-def markdown_table(rows: Sequence[ShardRow], with_instance: bool = True) -> str:
-    """The per-shard table with its totals row, as Markdown (the Dagster UI renders it in the metadata column)."""
-    body = [*readable_rows(rows, with_instance), totals_row(rows, with_instance)]
-    columns = list(body[0])
-    right = {"samples", "size", "speed", "forward"}
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---:" if c in right else "---" for c in columns) + "|"]
+def markdown_table(rows: Sequence[ShardRow], columns: Sequence[str]) -> str:
+    """``columns`` of the per-shard table with its totals row, as Markdown (rendered in the UI's metadata column)."""
+    body = [*readable_rows(rows), totals_row(rows)]
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---:" if c in RIGHT_ALIGNED else "---" for c in columns) + "|",
+    ]
     for entry in body:
-        cells = [entry[c].replace(" ", "\u00a0") for c in columns]  # keep "1,380 of 1,380" on one line
+        # no breaks inside a value: "not started", "shard-00" (a non-breaking hyphen) stay on one line
+        cells = [entry[c].replace(" ", "\u00a0").replace("-", "\u2011") for c in columns]
         if entry is body[-1]:
             cells = [f"**{cell}**" if cell else "" for cell in cells]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def text_table(rows: Sequence[ShardRow], columns: Sequence[str], indent: str = "    ") -> list[str]:
+    """The same table as aligned text lines (the report), the totals last."""
+    body = [*readable_rows(rows), totals_row(rows)]
+    widths = {c: max(len(c), *(len(entry[c]) for entry in body)) for c in columns}
+    align = {c: (str.rjust if c in RIGHT_ALIGNED else str.ljust) for c in columns}
+    lines = [indent + "  ".join(align[c](c, widths[c]) for c in columns).rstrip()]
+    lines += [indent + "  ".join(align[c](entry[c], widths[c]) for c in columns).rstrip() for entry in body]
+    return lines
