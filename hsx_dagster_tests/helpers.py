@@ -111,3 +111,37 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def build_drafter_dataset(
+    inputs: Sequence[Path],
+    model_path: Path,
+    out: Path,
+    *,
+    layer_ids: Sequence[int],
+    shards: Sequence[str] = ("shard-00", "shard-01"),
+    val_fraction: float = 0.25,
+    **keys: Any,
+) -> Path:
+    """Tokenize ``inputs``, extract every shard on the CPU and assemble ``out/drafter``; returns ``out`` (which holds
+    ``tokenized/``, ``hidden_states/`` and ``drafter/``, as a settings file's output_dir). ``keys``: `shard_job`'s
+    (include_final, storage_dtype, ...)."""
+    from hsx_dagster.core.dataset.assembly import assemble
+    from hsx_dagster.core.extraction.shard_run import run_shard
+
+    tokenize(inputs, model_path, out / "tokenized", shards=len(shards), max_length=1024)
+    keys = {"batch_size": 8, "max_batch_tokens": 4096, "chunk_bytes": 200_000, **keys}
+    for index, shard in enumerate(shards):
+        job = shard_job(
+            shard=shard,
+            shard_index=index,
+            tokenized_dir=out / "tokenized",
+            output_dir=out / "hidden_states" / shard,
+            model_path=model_path,
+            layer_ids=layer_ids,
+            **keys,
+        )
+        run_shard(job)
+    assemble(out / "tokenized", out / "hidden_states", list(shards), out / "drafter", val_fraction=val_fraction,
+             settings={"test": True})  # fmt: skip
+    return out

@@ -10,6 +10,9 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     Definitions,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
     evaluate_automation_conditions,
     instance_for_test,
 )
@@ -48,6 +51,16 @@ class Project:
     def observe(self):
         assert self.defs.resolve_job_def("observe_inputs").execute_in_process(instance=self.instance).success
 
+    def sense_inputs(self):
+        """One tick of the sensor observe_inputs_on_change, its observations recorded as the daemon records them
+        (without a run); what it returned."""
+        sensor = self.defs.resolve_sensor_def("observe_inputs_on_change")
+        context = build_sensor_context(instance=self.instance, resources=self.defs.resources)
+        result = sensor(context)
+        for event in getattr(result, "asset_events", []):
+            self.instance.report_runless_asset_event(event)
+        return result
+
     def materialize(self, key: str):
         job = self.defs.resolve_implicit_global_asset_job_def()
         assert job.execute_in_process(instance=self.instance, asset_selection=[AssetKey(key)]).success
@@ -64,11 +77,7 @@ class Project:
             defs=self.defs, instance=self.instance, cursor=self.cursor, asset_selection=None
         )
         self.cursor = result.cursor
-        return {
-            key.to_user_string()
-            for key in (DRAFTER,)
-            if result.get_num_requested(key)  # observations of the inputs are requested on their cron
-        }
+        return {key.to_user_string() for key in (DRAFTER,) if result.get_num_requested(key)}
 
     def stale(self) -> dict[str, StaleStatus]:
         """What the UI shows as stale (the webserver uses the same resolver)."""
@@ -131,6 +140,26 @@ def test_drafter_follows_once_every_shard_is_newer_and_an_edited_input_marks_eve
     assert project.tick() == {"drafter_dataset"}
     project.materialize("drafter_dataset")
     assert set(project.stale().values()) == {StaleStatus.FRESH}
+
+
+def test_inputs_are_observed_without_runs_and_only_when_they_change(project):
+    """The daemon's input sensor: an observation per changed input, recorded without a run; a skip naming the
+    versions when nothing changed; an edited file marks tokenized_dataset stale."""
+    first = project.sense_inputs()
+    assert isinstance(first, SensorResult)
+    assert {event.asset_key.to_user_string() for event in first.asset_events} == {"conversations", "target_model"}
+    assert all(event.data_version for event in first.asset_events)
+    again = project.sense_inputs()
+    assert isinstance(again, SkipReason) and again.skip_message.startswith("inputs unchanged: conversations ")
+    project.materialize("tokenized_dataset")
+    assert project.stale()["tokenized_dataset"] == StaleStatus.FRESH
+    lines = project.inputs.read_text().splitlines(keepends=True)
+    project.inputs.write_text("".join(lines[:-1]))
+    edited = project.sense_inputs()
+    assert [event.asset_key.to_user_string() for event in edited.asset_events] == ["conversations"]
+    assert project.stale()["tokenized_dataset"] == StaleStatus.STALE
+    runs = project.instance.get_runs()
+    assert [run.asset_selection for run in runs] == [{AssetKey("tokenized_dataset")}]  # no observation runs
 
 
 @pytest.mark.slow

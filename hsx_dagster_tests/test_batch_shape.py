@@ -377,15 +377,11 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
     result = run_shard(job)
     metadata = hidden_states_metadata(result, job)
     shape = result.report.batch_shape
-    assert metadata["batch_size"] == "auto" and metadata["max_batch_tokens"] == "auto"  # the settings
-    assert metadata["batch_shape"] == f"{shape.max_batch_tokens:,} tokens x {shape.batch_size} rows (auto)"
-    assert metadata["batch_size_used"] == shape.batch_size
-    assert metadata["max_batch_tokens_used"] == shape.max_batch_tokens
-    assert metadata["probe_s"] == round(shape.probe_s, 3)
-    assert metadata["probe_overhead_s"] == round(shape.probe_overhead_s, 3)
-    assert 0 <= metadata["probe_share_of_run"] < 1
-    assert isinstance(metadata["probe_table"], type(MetadataValue.md("")))
-    text = metadata["probe_table"].value
+    assert metadata["batch settings"] == "batch_size auto, max_batch_tokens auto"  # the settings
+    assert f"shape {shape.max_batch_tokens:,} tokens x {shape.batch_size} rows (auto)" in metadata["batches"]
+    assert "probing" in metadata["probes"] and f"of the run (budget {job.probe_budget:.1%})" in metadata["probes"]
+    assert isinstance(metadata["probe table"], type(MetadataValue.md("")))
+    text = metadata["probe table"].value
     assert "| probe | max_batch_tokens | batch_size |" in text and "tokens/s" in text
     for row in shape.probe_table:
         assert f"| {row.max_batch_tokens:,} | {row.batch_size:,} |" in text
@@ -397,7 +393,7 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
 
     fixed_job = make_job(tokenized, tmp_path / "fixed", demo_model_dir, (1, 4))
     fixed = hidden_states_metadata(run_shard(fixed_job), fixed_job)
-    assert fixed["batch_shape"] == "4,096 tokens x 8 rows (fixed)" and fixed["probe_s"] == 0
+    assert "shape 4,096 tokens x 8 rows (fixed)" in fixed["batches"] and "probes" not in fixed
 
 
 @pytest.mark.slow

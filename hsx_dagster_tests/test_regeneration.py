@@ -560,7 +560,7 @@ def run_pipeline(settings_file: Path) -> dict:
     out = settings_file.parent / "out"
     summary = TokenizedSummary.read(out / "tokenized")
     assert [entry.path for entry in summary.inputs] == [str(out / "regenerated" / "conversations.jsonl")]
-    assert metadata["drafter_dataset"]["samples"].value == summary.samples > 0
+    assert metadata["drafter_dataset"]["dagster/row_count"].value == summary.samples > 0
     return metadata
 
 

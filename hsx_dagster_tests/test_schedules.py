@@ -21,7 +21,7 @@ from hsx_dagster.dagster_internals import delete_pool_limit, pool_limits
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
-from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_SHARD_TAG
+from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_REASON_TAG, RETRY_SHARD_TAG
 from hsx_dagster_tests.helpers import write_settings
 
 
@@ -115,7 +115,7 @@ def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
 
     delete_pool_limit(pipeline.instance, "gpu")  # say, removed in the UI
     (request,) = pipeline.tick().run_requests
-    assert request.partition_key == "shard-00"
+    assert request.partition_key == "shard-00" and request.tags[RETRY_REASON_TAG] == "its latest run failed"
     # set up again before the retried shards start together (hsx_dagster/pools.py)
     assert [(p.name, p.limit) for p in pool_limits(pipeline.instance)] == [("gpu", 2)]
     (pipeline.out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds

@@ -16,7 +16,6 @@ shard's own first batches found.
 from __future__ import annotations
 
 import logging
-import math
 import resource
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, Shape
 from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
+from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
@@ -126,11 +126,14 @@ def extract_shard(
     progress_every_s: float = PROGRESS_EVERY_S,
     progress: Callable[[str], None] | None = None,
     pending: np.ndarray | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> ExtractionReport:
     """Extract every sample of ``samples`` (columns sample_id, input_ids, loss_mask, num_tokens) that
     the store has not committed yet (``pending``, a row mask, when the caller has it already), shaped,
     stored and screened as ``extraction`` says; ``metadata`` goes into every chunk's header.
-    ``probe_budget``: the share of the run the batch shape probes may cost. Returns what this run did."""
+    ``probe_budget``: the share of the run the batch shape probes may cost. ``on_progress`` gets a `Progress`
+    after every batch, in place of the progress line logged every ``progress_every_s``. Returns what
+    this run did."""
     report, started = progress or log.info, time.perf_counter()
     device = next(backbone.model.parameters()).device
     storage_dtype = STORAGE_DTYPES[extraction.storage_dtype]
@@ -159,6 +162,7 @@ def extract_shard(
     writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
     last_report = started
+    tokens_total = int(lengths.sum())
     try:
         while retry or len(order):
             shape: Shape | None = None
@@ -185,10 +189,16 @@ def extract_shard(
             writer.submit(host)
             counts.add(len(rows), batch)
             now = time.perf_counter()
-            if now - last_report >= progress_every_s:
-                last_report = now
-                line = _progress_line(shard, counts.samples, len(todo), counts.tokens, counts.computed, now - started)
-                report(f"{line}, batches of <= {shaper.current}")
+            if on_progress is not None or now - last_report >= progress_every_s:
+                where = Progress(
+                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
+                    now - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
+                )  # fmt: skip
+                if on_progress is not None:  # after every batch: the caller decides how often to show it
+                    on_progress(where)
+                else:
+                    last_report = now
+                    report(f"{where.line()} Batches of at most {shaper.current}.")
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
@@ -371,15 +381,6 @@ def _split(batch: Batch, lengths: np.ndarray, budget: int) -> list[Batch]:
 def _plan_rows(rows: np.ndarray, lengths: np.ndarray, batch_size: int, budget: int) -> list[Batch]:
     planned = plan_batches(lengths[rows], batch_size, budget)
     return [Batch(tuple(int(rows[i]) for i in b.rows), b.longest, b.real_tokens) for b in planned]
-
-
-def _progress_line(shard: str, done: int, total: int, tokens: int, computed: int, elapsed: float) -> str:
-    rate = done / elapsed if elapsed > 0 else 0.0
-    eta = (total - done) / rate if rate > 0 else math.inf
-    return (
-        f"{shard}: {done}/{total} samples ({done / max(total, 1):.0%}), {rate:.1f} samples/s, "
-        f"{tokens / elapsed:.0f} tokens/s, ETA {eta:.0f} s, padding efficiency {tokens / max(computed, 1):.3f}"
-    )
 
 
 def _peak_memory(device: torch.device) -> int:
