@@ -15,6 +15,7 @@ model weights are touched: the model directory is checked from its ``config.json
 (`load_settings`, in `hsx_dagster.core.settings_file`, which reads it once and keeps it as `model_info`).
 """
 
+# long: a table of declarations, every setting's type, default and description in one place by design
 from __future__ import annotations
 
 import json

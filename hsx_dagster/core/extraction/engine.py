@@ -147,22 +147,14 @@ def extract_shard(
     if len(todo) < len(all_ids):
         report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
     order = LengthOrder(lengths)
-    shaper = BatchShaper(
-        extraction.batch_size,
-        extraction.max_batch_tokens,
-        device,
-        order,
-        budget_fraction=probe_budget,
-        report=report,
-        shard=shard,
-    )
+    limits = (extraction.batch_size, extraction.max_batch_tokens)
+    shaper = BatchShaper(*limits, device, order, budget_fraction=probe_budget, report=report, shard=shard)
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
     slots = backbone.info.layers.slot_names
     writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
-    last_report = started
-    tokens_total = int(lengths.sum())
+    shown = _ProgressShown(shard, len(todo), len(all_ids) - len(todo), int(lengths.sum()), str(device), started)
     try:
         while retry or len(order):
             shape: Shape | None = None
@@ -188,21 +180,42 @@ def extract_shard(
                 shaper.record(batch, timer.last)
             writer.submit(host)
             counts.add(len(rows), batch)
-            now = time.perf_counter()
-            if on_progress is not None or now - last_report >= progress_every_s:
-                where = Progress(
-                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
-                    now - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
-                )  # fmt: skip
-                if on_progress is not None:  # after every batch: the caller decides how often to show it
-                    on_progress(where)
-                else:
-                    last_report = now
-                    report(f"{where.line()} Batches of at most {shaper.current}.")
+            if on_progress is not None:  # after every batch: the caller decides how often to show it
+                on_progress(shown.progress(counts, writer.bytes_written, timer))
+            elif shown.due(progress_every_s):
+                line = shown.progress(counts, writer.bytes_written, timer).line()
+                report(f"{line} Batches of at most {shaper.current}.")
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
     return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
+
+
+@dataclass
+class _ProgressShown:
+    """What a run's progress reports are made of besides the counts, and when the last line was shown."""
+
+    shard: str
+    samples_total: int  # this run's pending samples
+    samples_resumed: int
+    tokens_total: int
+    device: str
+    started: float
+    last_shown: float = 0.0
+
+    def due(self, every_s: float) -> bool:
+        """Whether a progress line is due (``every_s`` after the last, or after the start); it counts as shown."""
+        now = time.perf_counter()
+        if now - max(self.last_shown, self.started) < every_s:
+            return False
+        self.last_shown = now
+        return True
+
+    def progress(self, counts: _Counts, bytes_written: int, timer: LapTimer) -> Progress:
+        return Progress(
+            self.shard, counts.samples, self.samples_total, counts.tokens, self.tokens_total, bytes_written,
+            time.perf_counter() - self.started, timer.total(), self.device, samples_resumed=self.samples_resumed,
+        )  # fmt: skip
 
 
 @dataclass
