@@ -161,16 +161,11 @@ def extract_shard(
     slots = backbone.info.layers.slot_names
     writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
-    last_report = started
     tokens_total = int(lengths.sum())
+    show = on_progress or _progress_logger(report, progress_every_s, shaper)
     try:
         while retry or len(order):
-            shape: Shape | None = None
-            if retry:
-                batch, measured = retry.popleft(), False
-            else:
-                shape, measured = shaper.next_shape()
-                batch = order.take(shape.batch_size, shape.max_batch_tokens)
+            batch, shape, measured = _next_batch(retry, shaper, order)
             rows = todo[list(batch.rows)]
             try:
                 host = _run_batch(
@@ -188,21 +183,38 @@ def extract_shard(
                 shaper.record(batch, timer.last)
             writer.submit(host)
             counts.add(len(rows), batch)
-            now = time.perf_counter()
-            if on_progress is not None or now - last_report >= progress_every_s:
-                where = Progress(
+            show(
+                Progress(
                     shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
-                    now - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
-                )  # fmt: skip
-                if on_progress is not None:  # after every batch: the caller decides how often to show it
-                    on_progress(where)
-                else:
-                    last_report = now
-                    report(f"{where.line()} Batches of at most {shaper.current}.")
+                    time.perf_counter() - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
+                )
+            )  # fmt: skip
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
     return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
+
+
+def _next_batch(retry: deque[Batch], shaper: BatchShaper, order: LengthOrder) -> tuple[Batch, Shape | None, bool]:
+    """The pieces of a batch that ran out of memory first (unplanned, not timed), else the shaper's next cut."""
+    if retry:
+        return retry.popleft(), None, False
+    shape, measured = shaper.next_shape()
+    return order.take(shape.batch_size, shape.max_batch_tokens), shape, measured
+
+
+def _progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
+    """Without a caller's ``on_progress`` (which gets every batch's progress and decides how often to show it),
+    a progress line every ``every_s`` of extraction."""
+    last_shown = 0.0
+
+    def log_line(progress: Progress) -> None:
+        nonlocal last_shown
+        if progress.elapsed_s - last_shown >= every_s:
+            last_shown = progress.elapsed_s
+            report(f"{progress.line()} Batches of at most {shaper.current}.")
+
+    return log_line
 
 
 @dataclass
