@@ -11,9 +11,9 @@ import json
 import sys
 
 from hsx_dagster.core.dataset.manifest import Manifest
+from hsx_dagster.core.dataset.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.extraction.batch_shape_summary import shape_label
 from hsx_dagster.core.extraction.engine import ExtractionReport
-from hsx_dagster.core.extraction.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE

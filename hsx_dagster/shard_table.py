@@ -1,5 +1,5 @@
 """The per-shard table of `hidden_states` as the Dagster layer shows it: the core's rows from the output
-files (`core/extraction/shard_overview.py`) with what only the instance knows added: which shard is
+files (`core/dataset/shard_overview.py`) with what only the instance knows added: which shard is
 running or being retried, which blocking checks failed on its latest materialization, and how many
 retries of the budget `retry_failed_shards` has used on it.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, RunsFilter
 
-from hsx_dagster.core.extraction.shard_overview import ShardRow, shard_rows
+from hsx_dagster.core.dataset.shard_overview import ShardRow, shard_rows
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.schedules import ACTIVE, RETRY_SHARD_TAG, failed_shard_checks, retries_used
 

@@ -43,9 +43,6 @@ def test_nothing_under_the_core_imports_dagster():
 # model_info, choices, ...): storage knows no inputs, inputs no extraction, extraction no dataset, and the three
 # on top never each other.
 CORE_RANKS = {"storage": 0, "inputs": 1, "extraction": 2, "dataset": 3, "regenerate": 3, "export": 4}
-# Owned by #25 work in progress: the per-shard overview reads a shard's state from dataset.assembly; it belongs
-# in core/dataset/ (or shard_status in storage). Remove the entry once it moved.
-KNOWN_UPWARD = {"core/extraction/shard_overview.py imports hsx_dagster.core.dataset.assembly"}
 
 
 def test_core_subpackages_import_only_those_below_them():
@@ -58,7 +55,7 @@ def test_core_subpackages_import_only_those_below_them():
                 target = module.split(".")[2] if module.startswith("hsx_dagster.core.") else None
                 if target in CORE_RANKS and target != name and CORE_RANKS[target] >= CORE_RANKS[name]:
                     upward.append(f"{path.relative_to(PACKAGE)} imports {module}")
-    assert sorted(set(upward) - KNOWN_UPWARD) == []
+    assert upward == []
     assert len(subpackages) >= 5  # the walk found storage, inputs, extraction, dataset, regenerate
 
 

@@ -15,7 +15,6 @@ model weights are touched: the model directory is checked from its ``config.json
 (`load_settings`, in `hsx_dagster.core.settings_file`, which reads it once and keeps it as `model_info`).
 """
 
-# long: a table of declarations, every setting's type, default and description in one place by design
 from __future__ import annotations
 
 import json
@@ -446,20 +445,5 @@ def check_shard_key(key: str) -> str:
 
 
 # Reading the file lives in its own module; it is imported from here too, where callers have always found it.
-from hsx_dagster.core.settings_file import load_settings, settings_path  # noqa: E402
-
-__all__ = [
-    "DEFAULT_LOCK_DIR",
-    "DatasetSettings",
-    "DrafterSettings",
-    "ExtractionSettings",
-    "ModelSettings",
-    "OperationsSettings",
-    "RegenerateSettings",
-    "Settings",
-    "SettingsError",
-    "check_shard_key",
-    "load_settings",
-    "settings_path",
-    "shard_keys",
-]
+from hsx_dagster.core.settings_file import load_settings as load_settings  # noqa: E402
+from hsx_dagster.core.settings_file import settings_path as settings_path  # noqa: E402

@@ -147,22 +147,25 @@ def extract_shard(
     if len(todo) < len(all_ids):
         report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
     order = LengthOrder(lengths)
-    limits = (extraction.batch_size, extraction.max_batch_tokens)
-    shaper = BatchShaper(*limits, device, order, budget_fraction=probe_budget, report=report, shard=shard)
+    shaper = BatchShaper(
+        extraction.batch_size,
+        extraction.max_batch_tokens,
+        device,
+        order,
+        budget_fraction=probe_budget,
+        report=report,
+        shard=shard,
+    )
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
     slots = backbone.info.layers.slot_names
     writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
-    shown = _ProgressShown(shard, len(todo), len(all_ids) - len(todo), int(lengths.sum()), str(device), started)
+    tokens_total = int(lengths.sum())
+    show = on_progress or _progress_logger(report, progress_every_s, shaper)
     try:
         while retry or len(order):
-            shape: Shape | None = None
-            if retry:
-                batch, measured = retry.popleft(), False
-            else:
-                shape, measured = shaper.next_shape()
-                batch = order.take(shape.batch_size, shape.max_batch_tokens)
+            batch, shape, measured = _next_batch(retry, shaper, order)
             rows = todo[list(batch.rows)]
             try:
                 host = _run_batch(
@@ -180,42 +183,38 @@ def extract_shard(
                 shaper.record(batch, timer.last)
             writer.submit(host)
             counts.add(len(rows), batch)
-            if on_progress is not None:  # after every batch: the caller decides how often to show it
-                on_progress(shown.progress(counts, writer.bytes_written, timer))
-            elif shown.due(progress_every_s):
-                line = shown.progress(counts, writer.bytes_written, timer).line()
-                report(f"{line} Batches of at most {shaper.current}.")
+            show(
+                Progress(
+                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
+                    time.perf_counter() - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
+                )
+            )  # fmt: skip
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
     return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
 
 
-@dataclass
-class _ProgressShown:
-    """What a run's progress reports are made of besides the counts, and when the last line was shown."""
+def _next_batch(retry: deque[Batch], shaper: BatchShaper, order: LengthOrder) -> tuple[Batch, Shape | None, bool]:
+    """The pieces of a batch that ran out of memory first (unplanned, not timed), else the shaper's next cut."""
+    if retry:
+        return retry.popleft(), None, False
+    shape, measured = shaper.next_shape()
+    return order.take(shape.batch_size, shape.max_batch_tokens), shape, measured
 
-    shard: str
-    samples_total: int  # this run's pending samples
-    samples_resumed: int
-    tokens_total: int
-    device: str
-    started: float
-    last_shown: float = 0.0
 
-    def due(self, every_s: float) -> bool:
-        """Whether a progress line is due (``every_s`` after the last, or after the start); it counts as shown."""
-        now = time.perf_counter()
-        if now - max(self.last_shown, self.started) < every_s:
-            return False
-        self.last_shown = now
-        return True
+def _progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
+    """Without a caller's ``on_progress`` (which gets every batch's progress and decides how often to show it),
+    a progress line every ``every_s`` of extraction."""
+    last_shown = 0.0
 
-    def progress(self, counts: _Counts, bytes_written: int, timer: LapTimer) -> Progress:
-        return Progress(
-            self.shard, counts.samples, self.samples_total, counts.tokens, self.tokens_total, bytes_written,
-            time.perf_counter() - self.started, timer.total(), self.device, samples_resumed=self.samples_resumed,
-        )  # fmt: skip
+    def log_line(progress: Progress) -> None:
+        nonlocal last_shown
+        if progress.elapsed_s - last_shown >= every_s:
+            last_shown = progress.elapsed_s
+            report(f"{progress.line()} Batches of at most {shaper.current}.")
+
+    return log_line
 
 
 @dataclass
