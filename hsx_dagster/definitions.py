@@ -11,12 +11,13 @@ import warnings
 from dagster import AssetsDefinition, BetaWarning, Definitions, PreviewWarning, with_source_code_references
 
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
+from hsx_dagster.assets.exports import export_assets
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.inputs import build_input_assets
 from hsx_dagster.assets.regenerated import with_regeneration
 from hsx_dagster.assets.shard_checks import build_shard_checks
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
-from hsx_dagster.automation import build_automation_sensor
+from hsx_dagster.automation import build_automation_sensor, build_input_sensor
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.partitions import shard_partitions
@@ -42,12 +43,16 @@ def _build_definitions(settings: Settings) -> Definitions:
         assets=with_source_code_references(
             [
                 *build_input_assets(),
-                *with_code_versions([*tokenization, build_hidden_states(partitions), drafter_dataset], settings),
+                *with_code_versions(
+                    # the exports are materialized only when asked (export.speculators / export.specforge, or selected)
+                    [*tokenization, build_hidden_states(partitions), drafter_dataset, *export_assets],
+                    settings,
+                ),
             ]
         ),
         jobs=[shard_job, build_observe_job()],
         schedules=[retry],
-        sensors=[build_automation_sensor()],
+        sensors=[build_automation_sensor(), build_input_sensor()],
         asset_checks=[
             tokenized_dataset_consistent,
             *regeneration_checks,

@@ -26,7 +26,7 @@ from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
 from hsx_dagster.core.inputs.tokenized import TokenizedDataError, TokenizedSummary
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 LAYERS = (1, 3)
 
@@ -211,10 +211,13 @@ def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_pat
     from hsx_dagster.partitions import shard_partitions
     from hsx_dagster.resources import GpuResource, HsxSettings
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, 3]\n"
-        "shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  chunk_mb: 0.05\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [few_inputs], "max_length": 64},
+        model={"path": demo_model_dir, "layers": [1, 3]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "chunk_mb": 0.05},
     )
     settings = load_settings(settings_file)
     hidden_states = build_hidden_states(shard_partitions(settings))
@@ -241,7 +244,7 @@ def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_pat
         redone = extract({"storage_dtype": "float32", "on_mismatch": "start_over"})
         assert redone.success
         metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
-        assert metadata["storage_dtype"].value == "float32" and metadata["samples_resumed"].value == 0
+        assert metadata["dtypes"].value.endswith("float32 storage") and "resumed" not in metadata["this run"].value
         logs = [event.message for event in instance.all_logs(redone.run_id)]
         assert any("extraction.on_mismatch is start_over: deleted" in message for message in logs)
 

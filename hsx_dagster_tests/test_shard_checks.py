@@ -26,20 +26,28 @@ from hsx_dagster.core.storage.shard_checks import (
 from hsx_dagster.core.storage.shard_store import read_index
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.resources import HsxSettings
+from hsx_dagster_tests.helpers import write_settings
 
 
 @pytest.fixture(scope="module")
 def settings_file(tmp_path_factory, small_inputs, dense_model_dir) -> Path:
     """28 conversations, two shards, small chunks (several per shard), fp8 storage with the final state; the dense
-    tiny model (the checks read bytes, whichever model made them; it makes them 2.3x faster than the hybrid)."""
-    path = tmp_path_factory.mktemp("shard-checks") / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {dense_model_dir}\n"
-        f"  layers: [1, 4]\n  include_final: true\nshards: 2\noutput_dir: out\n"
-        f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.1\n"
-        f"  storage_dtype: float8_e4m3\noperations:\n  max_retries: 2\n"
+    tiny model (the checks read bytes, whichever model made them; it makes them faster than the hybrid)."""
+    return write_settings(
+        tmp_path_factory.mktemp("shard-checks") / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 1024},
+        model={"path": dense_model_dir, "layers": [1, 4], "include_final": True},
+        shards=2,
+        output_dir="out",
+        extraction={
+            "devices": ["cpu"],
+            "batch_size": 8,
+            "max_batch_tokens": 4096,
+            "chunk_mb": 0.1,
+            "storage_dtype": "float8_e4m3",
+        },
+        operations={"max_retries": 2},
     )
-    return path
 
 
 @dataclass

@@ -19,6 +19,7 @@ from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
+from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
 from hsx_dagster.core.model_info import ModelInfo, check_model_dir
@@ -90,7 +91,12 @@ def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
     return COMPUTE_DTYPES[name]
 
 
-def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> ShardResult:
+def run_shard(
+    job: ShardJob,
+    progress: Callable[[str], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> ShardResult:
+    """``progress`` takes the run's messages; ``on_progress``, when given, the extraction's periodic `Progress`."""
     report = progress or log.info
     table = read_tokenized_shard(
         job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
@@ -104,11 +110,16 @@ def run_shard(job: ShardJob, progress: Callable[[str], None] | None = None) -> S
         lock_dir=extraction.device_lock_dir,
         wait_s=extraction.device_wait_s,
     ) as device:
-        return _run_on_device(job, model, table, torch.device(device), report)
+        return _run_on_device(job, model, table, torch.device(device), report, on_progress)
 
 
 def _run_on_device(
-    job: ShardJob, model: ModelInfo, table: pa.Table, device: torch.device, report: Callable[[str], None]
+    job: ShardJob,
+    model: ModelInfo,
+    table: pa.Table,
+    device: torch.device,
+    report: Callable[[str], None],
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> ShardResult:
     extraction = job.extraction
     compute_dtype = resolve_compute_dtype(extraction.compute_dtype, device)
@@ -161,6 +172,7 @@ def _run_on_device(
                 probe_budget=job.probe_budget,
                 progress=report,
                 pending=todo,
+                on_progress=on_progress,
             )
         finally:
             backbone.close()
