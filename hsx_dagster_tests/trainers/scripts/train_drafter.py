@@ -71,8 +71,10 @@ def build_model(algorithm: str, model_dir: str, aux_ids: list[int], vocab: int):
         model.verifier_norm = norm.requires_grad_(False)
         return model
     from speculators.models.dflash.core import DFlashDraftModel
+    from speculators.train.utils import resolve_mask_token_id
 
-    return DFlashDraftModel.from_training_args(verifier_config=layer, block_size=4, **kwargs)
+    mask = resolve_mask_token_id(model_dir, layer.vocab_size)  # as its CLI resolves it
+    return DFlashDraftModel.from_training_args(verifier_config=layer, block_size=4, mask_token_id=mask, **kwargs)
 
 
 def batches(rows: list[dict], algorithm: str, max_len: int, hidden: int, layers: int):
