@@ -69,7 +69,8 @@ def measure_tokenization(out_dir: Path, repetitions: int) -> dict:
 def write_corpus(path: Path, conversations: int, seed: int = 7) -> int:
     """About ``conversations`` records as OpenAI JSON Lines: demo chats and agentic records (tools, tool
     calls, reasoning in both forms). Deterministic."""
-    from hsx_dagster.demo.conversations import generate_agentic_conversations, generate_conversations
+    from hsx_dagster.demo.agentic import generate_agentic_conversations
+    from hsx_dagster.demo.conversations import generate_conversations
 
     agentic = int(conversations * AGENTIC_SHARE)
     chats = generate_conversations(conversations - agentic, seed)
@@ -98,7 +99,8 @@ def measure_workers(
 ) -> dict:
     """Workers 1 against ``workers``, interleaved; conversations/s of each, the paired speed-up, the load.
     Every run is a fresh process, as every Dagster run is: a run in a process that already tokenised
-    in-process would fork its workers off a heap grown by the earlier run (measured: 15% more worker CPU)."""
+    in-process would fork its workers off a heap grown by the earlier run, which costs the workers CPU
+    (docs/benchmarks.md)."""
     corpus = work / "corpus.jsonl"
     records = write_corpus(corpus, conversations)
     contestants: tuple[str, ...] = ("1", str(workers), *((THREADED,) if threaded_baseline else ()))

@@ -9,8 +9,11 @@ Its condition, evaluated by the sensor `hsx_automation` while the daemon runs (`
 - no shard and no `drafter_dataset` run is in progress.
 
 So re-extracting every shard (after new inputs, another model, other layers) rebuilds the dataset
-once, after the last shard, never from a mix of old and new shards. The same sensor observes the
-inputs (`conversations`, `target_model`) on their cron, so an edited input shows as stale.
+once, after the last shard, never from a mix of old and new shards.
+
+The sensor `observe_inputs_on_change` looks at the inputs (`conversations`, `target_model`) every
+few minutes and records an observation, without a run, only when an input's version changed, so
+an edited input shows as stale and the Runs list holds only the runs that make something.
 
 `ShardsNewerThanTarget` is plain Python (the instance's event log, compared by storage id), so the
 sensor evaluates it in the code server (`use_user_code_server=True`).
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from dagster import (
     AssetKey,
+    AssetObservation,
     AssetRecordsFilter,
     AssetSelection,
     AutomationCondition,
@@ -27,10 +31,18 @@ from dagster import (
     AutomationContext,
     AutomationResult,
     DefaultSensorStatus,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
 )
 
-from hsx_dagster.asset_keys import DRAFTER_DATASET, INPUTS
-from hsx_dagster.dagster_internals import latest_materialization_ids
+from hsx_dagster.asset_keys import CONVERSATIONS, DRAFTER_DATASET, INPUTS, TARGET_MODEL
+from hsx_dagster.assets.inputs import conversations_observation, model_observation
+from hsx_dagster.dagster_internals import DATA_VERSION_TAG, latest_materialization_ids
+from hsx_dagster.resources import HsxSettings
+
+OBSERVE_EVERY_S = 300  # how often the input sensor looks; unchanged files are not re-read (core/fingerprints.py)
 
 
 class ShardsNewerThanTarget(AutomationCondition):
@@ -43,7 +55,7 @@ class ShardsNewerThanTarget(AutomationCondition):
 
     @property
     def name(self) -> str:
-        return "shards_newer_than_target"
+        return "every shard newer than this asset"
 
     def evaluate(self, context: AutomationContext) -> AutomationResult:
         instance = context.asset_graph_view.instance
@@ -83,15 +95,44 @@ def drafter_condition() -> AutomationCondition:
         & ~shard_checks_failed()
         & ~AutomationCondition.any_deps_in_progress()
         & ~AutomationCondition.in_progress()
-    ).with_label("every shard newer, none failing or running")
+    ).with_label("all shards in and passing")  # short: the UI cuts a long label
 
 
 def build_automation_sensor() -> AutomationConditionSensorDefinition:
     return AutomationConditionSensorDefinition(
         "hsx_automation",
-        target=AssetSelection.assets(DRAFTER_DATASET, *INPUTS),
+        target=AssetSelection.assets(DRAFTER_DATASET),
         default_status=DefaultSensorStatus.RUNNING,
         use_user_code_server=True,  # ShardsNewerThanTarget is Python: evaluated where the code is
         minimum_interval_seconds=30,
-        description="drafter_dataset once every shard is newer than it; input observations on their cron.",
+        description="Requests drafter_dataset once every shard is newer than it, none failing or running.",
     )
+
+
+def build_input_sensor():
+    @sensor(
+        name="observe_inputs_on_change",
+        minimum_interval_seconds=OBSERVE_EVERY_S,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Records an observation of conversations or target_model, without a run, when its content "
+        "version changed; otherwise skips, naming the versions it saw.",
+    )
+    def observe_inputs_on_change(context: SensorEvaluationContext, settings: HsxSettings):
+        loaded = settings.load()
+        events, unchanged = [], []
+        for key, observe in ((CONVERSATIONS, conversations_observation), (TARGET_MODEL, model_observation)):
+            version, metadata = observe(loaded)
+            if last_observed_version(context.instance, key) == version:
+                unchanged.append(f"{key.to_user_string()} {version[:12]}")
+                continue
+            events.append(AssetObservation(key, metadata=metadata, tags={DATA_VERSION_TAG: version}))
+        if not events:
+            return SkipReason("inputs unchanged: " + ", ".join(unchanged))
+        return SensorResult(asset_events=events)
+
+    return observe_inputs_on_change
+
+
+def last_observed_version(instance, key: AssetKey) -> str | None:
+    records = instance.fetch_observations(key, limit=1).records
+    return records[0].asset_observation.data_version if records else None

@@ -13,7 +13,8 @@ The rest of the pipeline uses Dagster's public API only, and these functions whe
   PostgreSQL (dagster-io/dagster#33552), and only its storage can create it ahead of time;
 - the check evaluations per partition and the latest materialization per partition that the retry
   schedule and the automation condition read;
-- the stale status the UI shows (tests compare it with what the pipeline expects).
+- the stale status the UI shows (tests compare it with what the pipeline expects), and the tag that carries
+  an observation's data version (the input sensor records observations without a run).
 
 `CHECKED_ON` lists the Dagster releases these were checked on; hsx_dagster_tests/test_seams.py fails
 naming this module when another release is installed, so an upgrade is a conscious act: re-read the
@@ -37,7 +38,7 @@ from dagster._cli.workspace.cli_target import (
     get_workspace_from_cli_opts,
 )
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.definitions.data_version import DATA_VERSION_TAG, CachingStaleStatusResolver, StaleStatus
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log.base import PartitionKeyFilter, PoolLimit
 from dagster._time import get_current_datetime
@@ -48,6 +49,7 @@ CHECKED_ON = ("1.13.27",)
 __all__ = [
     "CHECKED_ON",
     "DAGSTER_VERSION",
+    "DATA_VERSION_TAG",
     "CodeLocationJob",
     "PoolLimit",
     "StaleStatus",

@@ -17,7 +17,7 @@ from hsx_dagster.assets.inputs import build_input_assets
 from hsx_dagster.assets.regenerated import with_regeneration
 from hsx_dagster.assets.shard_checks import build_shard_checks
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
-from hsx_dagster.automation import build_automation_sensor
+from hsx_dagster.automation import build_automation_sensor, build_input_sensor
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.partitions import shard_partitions
@@ -52,7 +52,7 @@ def _build_definitions(settings: Settings) -> Definitions:
         ),
         jobs=[shard_job, build_observe_job()],
         schedules=[retry],
-        sensors=[build_automation_sensor()],
+        sensors=[build_automation_sensor(), build_input_sensor()],
         asset_checks=[
             tokenized_dataset_consistent,
             *regeneration_checks,

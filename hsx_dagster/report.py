@@ -10,14 +10,16 @@ import argparse
 import json
 import sys
 
-from hsx_dagster.core.dataset.assembly import shard_status
 from hsx_dagster.core.dataset.manifest import Manifest
+from hsx_dagster.core.dataset.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.extraction.batch_shape_summary import shape_label
 from hsx_dagster.core.extraction.engine import ExtractionReport
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
-from hsx_dagster.core.storage.shard_store import shard_totals
+from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
+
+REPORT_COLUMNS = ("shard", "state", "samples", "size", "tokens/s", "forward", "device")  # no instance here
 
 
 def summary_lines(settings_file: str | None = None) -> list[str]:
@@ -40,7 +42,8 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         f"in {len(summary.inputs)} files; {summary.rejected} rejected, {summary.truncated} truncated",
         f"  tokens      {summary.tokens:,} (mean {mean:.0f}/sample), {summary.loss_tokens:,} supervised "
         f"({summary.loss_tokens / max(summary.tokens, 1):.0%})",
-        f"  speed       {summary.conversations_per_s:,.0f} conversations/s ({summary.elapsed_s:.1f} s)",
+        f"  speed       {summary.conversations_per_s:,.0f} conversations/s ({format_duration(summary.elapsed_s)}), "
+        f"{format_bytes(summary.bytes_written)} written",
         f"  shards      {len(summary.shards)}, token imbalance max/mean {summary.imbalance:.4f}",
     ]
     for entry in summary.shards:
@@ -54,27 +57,13 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
         bar = "#" * round(40 * bucket.samples / widest)
         lines.append(f"    {bucket.min:>6}-{bucket.max:<6} {bucket.samples:>6}  {bar}")
     lines.append(f"hidden_states {settings.hidden_states_dir}")
-    statuses = shard_status(settings.hidden_states_dir, settings.shard_keys, tokenized)
-    for shard, state in statuses.items():
-        folder = settings.hidden_states_dir / shard
-        totals = shard_totals(folder) if state != "missing" else None
-        line = f"    {shard}  {state:<10}"
-        if totals:
-            line += f" {totals.samples:>7,} samples  {totals.tokens:>11,} tokens  {totals.bytes / 1e6:>9.1f} MB"
-            if (folder / COMPLETE_FILE).is_file():
-                complete = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))
-                run = ExtractionReport.from_dict(complete["last_run"])
-                line += f"  last run {run.samples_per_s:.1f} samples/s, padding efficiency {run.padding_efficiency:.3f}"
-                lines.append(line)
-                lines += batch_shape_lines(run)
-                continue
-        lines.append(line)
+    lines += shard_table_lines(settings.hidden_states_dir, settings.shard_keys, tokenized)
     if (settings.drafter_dir / MANIFEST_FILE).is_file():
         manifest = Manifest.read(settings.drafter_dir)
         lines += [
             f"drafter       {settings.drafter_dir}",
             f"  samples     {manifest.samples:,} ({manifest.train_samples:,} train, {manifest.val_samples:,} val), "
-            f"{manifest.tokens:,} tokens, {manifest.bytes / 1e9:.3f} GB",
+            f"{manifest.tokens:,} tokens, {format_bytes(manifest.bytes)}",
             f"  layers      {list(manifest.layers.ids)} (+ final norm: {manifest.layers.include_final}), "
             f"hidden {manifest.hidden_size}, stored as {manifest.storage_dtype}",
             "  load it:",
@@ -88,6 +77,24 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
     return lines
 
 
+def shard_table_lines(hidden_states_dir, shard_keys, tokenized) -> list[str]:
+    """The per-shard table the `hidden_states` asset shows (without what only the instance knows), each shard's
+    batch shape below it, then the totals and a low forward share in words."""
+    rows = shard_rows(hidden_states_dir, shard_keys, tokenized)
+    lines = text_table(rows, REPORT_COLUMNS)
+    for row in rows:
+        complete = hidden_states_dir / row.shard / COMPLETE_FILE
+        if complete.is_file():
+            last_run = ExtractionReport.from_dict(json.loads(complete.read_text("utf-8"))["last_run"])
+            shape = batch_shape_lines(last_run)
+            lines += [f"    {row.shard}:", *shape] if shape else []
+    lines.append(f"  total       {total_line(rows)}")
+    note = low_forward_share_note(rows)
+    if note:
+        lines.append(f"  attention   {note}")
+    return lines
+
+
 def batch_shape_lines(run: ExtractionReport) -> list[str]:
     """The batch shape of a shard's last run, and its probe table (shape -> tokens/s), indented."""
     shape = run.batch_shape
@@ -98,12 +105,14 @@ def batch_shape_lines(run: ExtractionReport) -> list[str]:
         return [head]
     lines = [
         f"{head}: {len(shape.probes)} probe(s), {shape.probe_batches} probed batches (stored like any "
-        f"other), {shape.probe_overhead_s:.2f} s lost to slower shapes ({run.probe_share:.1%} of the run)"
+        f"other), {format_duration(shape.probe_overhead_s)} lost to slower shapes ({format_share(run.probe_share)} "
+        "of the run)"
     ]
     for probe in shape.probes:
         measured = [row for row in shape.probe_table if row.probe == probe.probe]
         table = ", ".join(
-            f"{row.max_batch_tokens:,} x {row.batch_size} {row.tokens_per_s:,.0f}" + ("*" if row.chosen else "")
+            f"{format_count(row.max_batch_tokens)} x {row.batch_size} {format_count(row.tokens_per_s)}"
+            + ("*" if row.chosen else "")
             for row in measured
         )
         lines.append(f"        probe {probe.probe} ({probe.reason}): {table or 'nothing compared'} tokens/s")

@@ -9,6 +9,11 @@ schedule launched since the shard's last successful materialization); past `max_
 schedule stops retrying that shard and says so. A materialization whose blocking checks failed
 is not a success.
 
+Dagster 1.13's scheduler launches a schedule's run requests as runs: a backfill request
+(`RunRequest.for_asset_graph_subset`) is carried out by the sensor daemon only, so each retry is a
+run of `hidden_states_shard` tagged with its attempt and reason, and each tick's log says which
+shards it retried, why, and how many retries each has left.
+
 `observe_inputs` observes the inputs (`conversations`, `target_model`) so their versions are known
 before anything is made from them; `make demo` runs it first.
 """
@@ -42,6 +47,7 @@ from hsx_dagster.pools import prepare_pool
 
 RETRY_SHARD_TAG = "hsx/retry-of-shard"
 RETRY_ATTEMPT_TAG = "hsx/retry-attempt"
+RETRY_REASON_TAG = "hsx/retry-reason"
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
@@ -74,7 +80,9 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
         cron_schedule=cron,
         job=shard_job,
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Re-runs failed hidden_states shards (at most {max_retries} times each since their last success).",
+        description=f"Re-runs each failed hidden_states shard (latest run failed, or a blocking check failed on it), "
+        f"one run per shard, at most {max_retries} times since its last success. Each tick's log names the shards "
+        "it retried, why, and the retries each has left; the hidden_states table shows retries used.",
     )
     def retry_failed_shards(context: ScheduleEvaluationContext):
         instance = context.instance
@@ -86,27 +94,7 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
         ]
         if not failed:
             return SkipReason("no failed hidden_states shard")
-        for shard, names in check_failed.items():
-            context.log.info(f"{shard}: blocking check {', '.join(names)} failed on its latest materialization")
-        requests, busy, exhausted = [], [], []
-        for shard in failed:
-            if instance.get_runs_count(RunsFilter(tags={"dagster/partition": shard}, statuses=ACTIVE)):
-                busy.append(shard)
-                continue
-            since = _last_success(instance, shard)
-            attempts = instance.get_runs_count(RunsFilter(tags={RETRY_SHARD_TAG: shard}, created_after=since))
-            if attempts >= max_retries:
-                exhausted.append(shard)
-                continue
-            attempt = attempts + 1
-            requests.append(
-                RunRequest(
-                    partition_key=shard,
-                    # Unique per attempt and per success epoch, so a tick never launches a duplicate.
-                    run_key=f"retry-{shard}-{int(since.timestamp()) if since else 0}-{attempt}",
-                    tags={RETRY_SHARD_TAG: shard, RETRY_ATTEMPT_TAG: str(attempt)},
-                )
-            )
+        requests, busy, exhausted = plan_retries(instance, context.log, failed, check_failed, max_retries)
         if exhausted:
             context.log.warning(
                 f"retry budget of {max_retries} used up for {', '.join(exhausted)}: not retrying; "
@@ -125,6 +113,35 @@ def build_retry_schedule(shard_job, partitions_def: StaticPartitionsDefinition, 
     return retry_failed_shards
 
 
+def plan_retries(
+    instance, log, failed: Sequence[str], check_failed: dict[str, list[str]], max_retries: int
+) -> tuple[list[RunRequest], list[str], list[str]]:
+    """One run request per failed shard that is not running and has retries left; (requests, busy, exhausted).
+    Each retry is logged on the tick with why and how many retries the shard has left."""
+    requests, busy, exhausted = [], [], []
+    for shard in failed:
+        if instance.get_runs_count(RunsFilter(tags={"dagster/partition": shard}, statuses=ACTIVE)):
+            busy.append(shard)
+            continue
+        since = _last_success(instance, shard)
+        attempts = _retries_since(instance, shard, since)
+        if attempts >= max_retries:
+            exhausted.append(shard)
+            continue
+        attempt = attempts + 1
+        why = f"check {', '.join(check_failed[shard])} failed" if shard in check_failed else "its latest run failed"
+        log.info(f"{shard}: retry {attempt} of {max_retries} ({why}); {max_retries - attempt} left after it")
+        requests.append(
+            RunRequest(
+                partition_key=shard,
+                # Unique per attempt and per success epoch, so a tick never launches a duplicate.
+                run_key=f"retry-{shard}-{int(since.timestamp()) if since else 0}-{attempt}",
+                tags={RETRY_SHARD_TAG: shard, RETRY_ATTEMPT_TAG: str(attempt), RETRY_REASON_TAG: why},
+            )
+        )
+    return requests, busy, exhausted
+
+
 def failed_shard_checks(instance, shards: Sequence[str]) -> dict[str, list[str]]:
     """Shard -> its blocking checks whose latest evaluation failed on the shard's latest materialization."""
     keys = [AssetCheckKey(HIDDEN_STATES, name) for name in SHARD_CHECKS]
@@ -132,6 +149,15 @@ def failed_shard_checks(instance, shards: Sequence[str]) -> dict[str, list[str]]
     for shard, name in failed_current_checks(instance, keys, shards):
         failed.setdefault(shard, []).append(name)
     return {shard: sorted(names) for shard, names in failed.items()}
+
+
+def retries_used(instance, shard: str) -> int:
+    """Runs this schedule launched for ``shard`` since its last success."""
+    return _retries_since(instance, shard, _last_success(instance, shard))
+
+
+def _retries_since(instance, shard: str, since: datetime.datetime | None) -> int:
+    return instance.get_runs_count(RunsFilter(tags={RETRY_SHARD_TAG: shard}, created_after=since))
 
 
 def _last_success(instance, shard: str, lookback: int = 100):

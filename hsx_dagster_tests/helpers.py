@@ -1,4 +1,5 @@
-"""Builders the tests share: a shard job and a tokenization from the keys of the settings file, flat.
+"""Builders the tests share: a shard job and a tokenization from the keys of the settings file, flat; a
+settings file written from its sections; a free local port.
 
 The core takes the settings sections themselves (`ModelSettings`, `ExtractionSettings`, `DatasetSettings`);
 a test names only the keys it cares about, as hsx.yaml would, and the rest keeps the settings' defaults
@@ -7,9 +8,12 @@ a test names only the keys it cares about, as hsx.yaml would, and the rest keeps
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hsx_dagster.core.extraction.shard_run import ShardJob
 from hsx_dagster.core.inputs.tokenization import tokenize_dataset
@@ -82,6 +86,31 @@ def provenance_of(output_dir: Path, **keys: Any) -> ShardProvenance:
         tokenized_sha256="0" * 64,
     )
     return ShardProvenance(**{**fields, **keys})
+
+
+def write_settings(path: Path, **sections: Any) -> Path:
+    """A settings file (hsx.yaml) at ``path``, written from its top-level keys as YAML: ``dataset={"paths":
+    [...]}``, ``shards=2``, ...; paths anywhere in it are written as strings."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return value
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(plain(sections), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def build_drafter_dataset(

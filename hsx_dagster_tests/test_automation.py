@@ -10,6 +10,9 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     Definitions,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
     evaluate_automation_conditions,
     instance_for_test,
 )
@@ -19,19 +22,22 @@ from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage.shard_store import read_index
 from hsx_dagster.dagster_internals import StaleStatus, stale_status
 from hsx_dagster.definitions import build_definitions
+from hsx_dagster_tests.helpers import write_settings
 
 DRAFTER = AssetKey("drafter_dataset")
 SHARDS = ("shard-00", "shard-01")
 
 
-def write_settings(folder: Path, inputs: Path, model: Path, layers: str = "[1, 4]", dtype: str = "bfloat16") -> Path:
-    path = folder / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{inputs}]\n  max_length: 512\nmodel:\n  path: {model}\n  layers: {layers}\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n"
-        f"  storage_dtype: {dtype}\ndrafter:\n  parity_samples: 0\n"
+def project_settings(folder: Path, inputs: Path, model: Path, layers=(1, 4), dtype: str = "bfloat16") -> Path:
+    return write_settings(
+        folder / "hsx.yaml",
+        dataset={"paths": [inputs], "max_length": 512},
+        model={"path": model, "layers": layers},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8, "storage_dtype": dtype},
+        drafter={"parity_samples": 0},
     )
-    return path
 
 
 @dataclass
@@ -44,6 +50,16 @@ class Project:
 
     def observe(self):
         assert self.defs.resolve_job_def("observe_inputs").execute_in_process(instance=self.instance).success
+
+    def sense_inputs(self):
+        """One tick of the sensor observe_inputs_on_change, its observations recorded as the daemon records them
+        (without a run); what it returned."""
+        sensor = self.defs.resolve_sensor_def("observe_inputs_on_change")
+        context = build_sensor_context(instance=self.instance, resources=self.defs.resources)
+        result = sensor(context)
+        for event in getattr(result, "asset_events", []):
+            self.instance.report_runless_asset_event(event)
+        return result
 
     def materialize(self, key: str):
         job = self.defs.resolve_implicit_global_asset_job_def()
@@ -61,11 +77,7 @@ class Project:
             defs=self.defs, instance=self.instance, cursor=self.cursor, asset_selection=None
         )
         self.cursor = result.cursor
-        return {
-            key.to_user_string()
-            for key in (DRAFTER,)
-            if result.get_num_requested(key)  # observations of the inputs are requested on their cron
-        }
+        return {key.to_user_string() for key in (DRAFTER,) if result.get_num_requested(key)}
 
     def stale(self) -> dict[str, StaleStatus]:
         """What the UI shows as stale (the webserver uses the same resolver)."""
@@ -79,7 +91,7 @@ class Project:
 def project(tmp_path, small_inputs, demo_model_dir):
     inputs = tmp_path / "conversations.jsonl"
     inputs.write_bytes(small_inputs.read_bytes())
-    settings = load_settings(write_settings(tmp_path, inputs, demo_model_dir))
+    settings = load_settings(project_settings(tmp_path, inputs, demo_model_dir))
     with instance_for_test() as instance:
         yield Project(instance, build_definitions(settings), inputs, tmp_path / "out")
 
@@ -130,6 +142,26 @@ def test_drafter_follows_once_every_shard_is_newer_and_an_edited_input_marks_eve
     assert set(project.stale().values()) == {StaleStatus.FRESH}
 
 
+def test_inputs_are_observed_without_runs_and_only_when_they_change(project):
+    """The daemon's input sensor: an observation per changed input, recorded without a run; a skip naming the
+    versions when nothing changed; an edited file marks tokenized_dataset stale."""
+    first = project.sense_inputs()
+    assert isinstance(first, SensorResult)
+    assert {event.asset_key.to_user_string() for event in first.asset_events} == {"conversations", "target_model"}
+    assert all(event.data_version for event in first.asset_events)
+    again = project.sense_inputs()
+    assert isinstance(again, SkipReason) and again.skip_message.startswith("inputs unchanged: conversations ")
+    project.materialize("tokenized_dataset")
+    assert project.stale()["tokenized_dataset"] == StaleStatus.FRESH
+    lines = project.inputs.read_text().splitlines(keepends=True)
+    project.inputs.write_text("".join(lines[:-1]))
+    edited = project.sense_inputs()
+    assert [event.asset_key.to_user_string() for event in edited.asset_events] == ["conversations"]
+    assert project.stale()["tokenized_dataset"] == StaleStatus.STALE
+    runs = project.instance.get_runs()
+    assert [run.asset_selection for run in runs] == [{AssetKey("tokenized_dataset")}]  # no observation runs
+
+
 @pytest.mark.slow
 def test_a_failed_shard_check_holds_the_drafter_back(project):
     project.observe()
@@ -149,15 +181,15 @@ def test_a_failed_shard_check_holds_the_drafter_back(project):
 
 
 def test_code_versions_follow_the_settings_that_shape_the_data(tmp_path, small_inputs, demo_model_dir):
-    base = code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir)))
-    layers = code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir, layers="[1, 5]")))
-    fp8 = code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir, dtype="float8_e4m3")))
+    base = code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir)))
+    layers = code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir, layers=[1, 5])))
+    fp8 = code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir, dtype="float8_e4m3")))
     for changed in (layers, fp8):  # the shards and the dataset made from them are out of date, not the tokens
         assert changed["tokenized_dataset"] == base["tokenized_dataset"]
         assert changed["hidden_states"] != base["hidden_states"]
         assert changed["drafter_dataset"] != base["drafter_dataset"]
-    assert code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir))) == base
-    defs = build_definitions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir, layers="[1, 5]")))
+    assert code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir))) == base
+    defs = build_definitions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir, layers=[1, 5])))
     graph = defs.resolve_asset_graph()
     assert graph.get(AssetKey("hidden_states")).code_version == layers["hidden_states"]
     assert graph.get(AssetKey("tokenized_dataset")).parent_keys == {AssetKey("conversations"), AssetKey("target_model")}

@@ -42,7 +42,11 @@ def test_gpu_benchmark_smoke_runs_on_cpu_without_dagster(tmp_path):
             figures = model["contestants"][contestant]
             assert figures["samples_per_s"] > 0 and figures["tokens_per_s"] > 0
             assert figures["mfu"] > 0 and 0 < figures["parameters_used"] < model["parameters"]
-        assert model["pipeline_over_naive"] > 0 and model["pipeline_over_bare"] > 0
+        # one round: each ratio is the other contestant's seconds over the pipeline's, i.e. the pipeline's speed-up
+        pipeline_rate = model["contestants"]["pipeline"]["samples_per_s"]
+        for other in ("naive", "bare"):
+            speedup = pipeline_rate / model["contestants"][other]["samples_per_s"]
+            assert model[f"pipeline_over_{other}"] == pytest.approx(speedup, rel=0.02)
         assert (
             model["contestants"]["pipeline"]["bytes_on_disk"] > 0 and model["contestants"]["naive"]["bytes_on_disk"] > 0
         )
@@ -72,7 +76,12 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
     throughput = results["throughput"]["qwen3.6-shaped"]
     for contestant in CONTESTANTS:
         assert throughput["contestants"][contestant]["samples_per_s"] > 0
-    assert throughput["pipeline_over_naive"]["median"] > 0 and throughput["pipeline_over_bare"]["median"] > 0
+    for other in ("naive", "bare"):  # one round: the other's seconds over the pipeline's, the pipeline's speed-up
+        ratio = throughput[f"pipeline_over_{other}"]
+        speedup = (
+            throughput["contestants"]["pipeline"]["samples_per_s"] / throughput["contestants"][other]["samples_per_s"]
+        )
+        assert ratio["per_round"] == [ratio["median"]] and ratio["median"] == pytest.approx(speedup, rel=0.02)
     pipeline = throughput["contestants"]["pipeline"]
     # Flat, unpadded chunks: the states plus 5 bytes of ids and mask per token, and a little metadata.
     assert 1.0 < pipeline["bytes_over_payload"] < 1.0 + 5 / throughput["payload_bytes_per_token"] + 0.01
@@ -89,10 +98,18 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
 
     memory = results["memory"]
     assert memory["runs"]["2x"]["tokens"] == 2 * memory["runs"]["1x"]["tokens"]
-    assert memory["peak_ratio"] > 0
+    compared = memory["compared"]
+    assert memory["peak_ratio"] == pytest.approx(
+        memory["runs"]["2x"][compared] / memory["runs"]["1x"][compared], abs=1e-4
+    )
+    for run in memory["runs"].values():  # the lifetime peak is at least any RSS the process had
+        assert run["process_peak_rss_bytes"] >= run["rss_after_load_bytes"] > 0
     assert results["tokenization"]["conversations_per_s"] > 0
     workers = results["tokenization"]["workers"]
     assert workers["conversations"] == 400 and workers["identical_output"]
     assert set(workers["workers"]) == {"1", "2"} and workers["speedup"]["median"] > 0
-    assert "tokenize_workers 2 / 1" in markdown
+    assert f"Speed-up {workers['speedup']['median']}x" in markdown  # the measured figure reaches the report
+    (target,) = [row for row in results["targets"] if row["target"].startswith("tokenize_workers")]
+    assert target["measured"] == workers["speedup"]["median"]
+    assert target["met"] == (workers["speedup"]["median"] >= workers["target_speedup"])
     assert {row["target"].split(" ")[0] for row in results["targets"]} >= {"pipeline", "padding", "bytes", "peak"}

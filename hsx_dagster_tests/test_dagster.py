@@ -19,30 +19,31 @@ from hsx_dagster.dagster_internals import pool_limits
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster_tests.helpers import write_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_settings(folder: Path, inputs: list[Path], model_dir: Path) -> Path:
-    path = folder / "hsx.yaml"
-    paths = "".join(f"\n    - {p}" for p in inputs)
-    path.write_text(
-        f"dataset:\n  paths:{paths}\n  min_loss_tokens: 4\nmodel:\n  path: {model_dir}\n  layers: eagle3\n"
-        f"shards: 3\noutput_dir: out\n"
+def three_shards(folder: Path, inputs: list[Path], model_dir: Path) -> Path:
+    return write_settings(
+        folder / "hsx.yaml",
+        dataset={"paths": inputs, "min_loss_tokens": 4},
+        model={"path": model_dir, "layers": "eagle3"},
+        shards=3,
+        output_dir="out",
     )
-    return path
 
 
 @pytest.fixture
 def settings_file(tmp_path, demo_paths, demo_model_dir) -> Path:
     """The whole demo corpus (rejects included) in three shards."""
-    return write_settings(tmp_path, demo_paths, demo_model_dir)
+    return three_shards(tmp_path, demo_paths, demo_model_dir)
 
 
 @pytest.fixture
 def small_corpus_settings_file(tmp_path, small_inputs, demo_model_dir) -> Path:
     """The same settings over 28 conversations: for what does not need the whole corpus."""
-    return write_settings(tmp_path, [small_inputs], demo_model_dir)
+    return three_shards(tmp_path, [small_inputs], demo_model_dir)
 
 
 def test_definitions_graph_partitions_and_resources(settings_file):
@@ -90,19 +91,18 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         event = instance.get_latest_materialization_event(AssetKey("tokenized_dataset"))
         metadata = event.asset_materialization.metadata
         summary = TokenizedSummary.read(settings_file.parent / "out" / "tokenized")
-        assert metadata["samples"].value == summary.samples >= 2000
-        assert metadata["dagster/row_count"].value == summary.samples
-        assert metadata["tokens"].value == summary.tokens
-        assert metadata["rejected"].value == summary.rejected > 0
-        assert metadata["rejects_by_reason"].value == summary.rejects
-        assert metadata["shards"].value == 3
-        assert metadata["shard_token_imbalance_max_over_mean"].value < 1.01
-        assert "| shard-02 |" in metadata["per_shard"].value
-        assert "| tokens | samples |" in metadata["token_length_histogram"].value
-        # disk estimate per storage dtype, before any model loads: fp8 about half of bfloat16
-        assert 0.5 < metadata["estimated_bytes_float8_e4m3"].value / metadata["estimated_bytes_bfloat16"].value < 0.55
-        assert metadata["estimated_bytes_float32"].value > metadata["estimated_bytes_bfloat16"].value
-        assert "| shard-02 |" in metadata["estimated_bytes_per_shard"].value
+        assert metadata["dagster/row_count"].value == summary.samples >= 2000
+        assert metadata["tokens"].value.startswith(f"{summary.tokens:,}, {summary.loss_tokens:,} supervised")
+        assert metadata["rejected"].value == f"{summary.rejected:,}" and summary.rejected > 0
+        rejects = {row.data["reason"]: row.data["count"] for row in metadata["rejects by reason"].value.records}
+        assert rejects == {reason: f"{count:,}" for reason, count in summary.rejects.items()}
+        assert metadata["shards"].value.startswith("3, token imbalance max/mean 1.00")
+        assert "| shard-02 |" in metadata["per shard"].value
+        assert "| tokens | samples |" in metadata["token lengths"].value
+        # disk estimate per storage dtype and shard, before any model loads, one table with totals
+        estimate = metadata["estimated size of hidden states"].value
+        assert "| shard-02 |" in estimate and "| **total** |" in estimate and "float8_e4m3" in estimate
+        assert "bytes" not in " ".join(metadata)  # sizes carry their unit; no raw byte counts
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("tokenized_dataset_consistent", True)]
         # the extraction pool is set up before any shard claims it (hsx_dagster/pools.py)
@@ -173,11 +173,20 @@ def test_all_three_assets_over_every_shard(small_settings_file):
         first = materialize([hidden_states], resources=resources, partition_key="shard-00", instance=instance)
         assert first.success
         metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
-        assert metadata["samples"].value == 14 and metadata["samples_this_run"].value == 14
-        assert 0 < metadata["padding_efficiency"].value <= 1
-        assert 0 < metadata["forward_share_of_wall_time"].value <= 1
-        assert metadata["layers"].value == [1, 4] and metadata["storage_dtype"].value == "bfloat16"
-        assert metadata["device"].value == "cpu" and metadata["batch_size"].value == 8
+        assert metadata["shard"].value.startswith("shard-00: 14 samples,")
+        assert metadata["this run"].value.startswith("14 samples in ")
+        assert 0 < float(metadata["padding efficiency"].value.rstrip("%")) <= 100
+        assert 0 < float(metadata["forward share"].value.rstrip("%")) <= 100
+        assert (
+            metadata["layers"].value == "1, 4 and the final norm"
+            and metadata["dtypes"].value == "float32 compute, bfloat16 storage"
+        )
+        assert metadata["device"].value == "cpu" and metadata["batch settings"].value.startswith("batch_size 8,")
+        # every shard in one table with totals, the other one not started yet
+        assert metadata["all shards"].value.startswith("14 of 28 samples,")
+        table = metadata["shards"].value
+        assert "| shard\u201100 | complete |" in table and "| shard\u201101 | not\u00a0started |" in table
+        assert "**total**" in table and "| 0/3 |" in table  # retries used of the budget
 
         early = materialize([drafter_dataset], resources=resources, instance=instance, raise_on_error=False)
         assert not early.success
@@ -190,11 +199,16 @@ def test_all_three_assets_over_every_shard(small_settings_file):
         evaluations = {c.check_name: c for c in assembled.get_asset_check_evaluations()}
         assert set(evaluations) == {"drafter_coverage", "drafter_integrity", "drafter_numerics", "drafter_parity"}
         assert all(c.passed for c in evaluations.values()), {k: c.description for k, c in evaluations.items()}
-        assert evaluations["drafter_parity"].metadata["samples_checked"].value == 4
+        parity = evaluations["drafter_parity"].metadata
+        assert {"what": "samples checked", "count": "4"} in [row.data for row in parity["counts"].value.records]
+        layers = [row.data for row in parity["relative error per layer"].value.records]
+        assert [row["layer"] for row in layers] == ["layer 1", "layer 4", "final"] and all(
+            r["within"] == "yes" for r in layers
+        )
+        assert 0 <= parity["worst relative error"].value <= float(layers[0]["tolerance"])
         drafter = instance.get_latest_materialization_event(AssetKey("drafter_dataset")).asset_materialization.metadata
-        assert drafter["samples"].value == 28
-        assert drafter["train_samples"].value + drafter["val_samples"].value == 28
-        assert "DrafterDataset(" in drafter["how_to_load"].value
+        assert drafter["dagster/row_count"].value == 28 and drafter["samples"].value.startswith("28: ")
+        assert "DrafterDataset(" in drafter["how to load"].value
     out = small_settings_file.parent / "out"
     manifest = json.loads((out / "drafter" / "manifest.json").read_text())
     assert manifest["layers"]["ids"] == [1, 4] and manifest["layers"]["include_final"] is True
@@ -233,7 +247,7 @@ def test_cli_materialize_against_a_persistent_instance(small_settings_file, tmp_
         assert instance.get_latest_materialization_event(AssetKey("tokenized_dataset")) is not None
         event = instance.get_latest_materialization_event(AssetKey("hidden_states"))
         assert event.asset_materialization.partition == "shard-01"
-        assert event.asset_materialization.metadata["batch_size"].value == 4
+        assert event.asset_materialization.metadata["batch settings"].value.startswith("batch_size 4,")
     report = subprocess.run(
         [sys.executable, "-m", "hsx_dagster.report", "--config", str(small_settings_file)],
         capture_output=True,

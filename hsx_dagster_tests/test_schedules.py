@@ -21,19 +21,22 @@ from hsx_dagster.dagster_internals import delete_pool_limit, pool_limits
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
-from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_SHARD_TAG
+from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_REASON_TAG, RETRY_SHARD_TAG
+from hsx_dagster_tests.helpers import write_settings
 
 
 @pytest.fixture
 def failing_shard_settings(tmp_path, small_inputs, demo_model_dir) -> Path:
     """Two shards on the CPU; the test makes shard-00's runs fail."""
-    path = tmp_path / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n  layers: [1]\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n"
-        f"operations:\n  max_retries: 2\n"
+    return write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 512},
+        model={"path": demo_model_dir, "layers": [1]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8},
+        operations={"max_retries": 2},
     )
-    return path
 
 
 @dataclass
@@ -112,7 +115,7 @@ def test_the_schedule_reruns_exactly_the_failed_shard_then_skips(pipeline):
 
     delete_pool_limit(pipeline.instance, "gpu")  # say, removed in the UI
     (request,) = pipeline.tick().run_requests
-    assert request.partition_key == "shard-00"
+    assert request.partition_key == "shard-00" and request.tags[RETRY_REASON_TAG] == "its latest run failed"
     # set up again before the retried shards start together (hsx_dagster/pools.py)
     assert [(p.name, p.limit) for p in pool_limits(pipeline.instance)] == [("gpu", 2)]
     (pipeline.out / "shard-00").unlink()  # the operator fixes the disk; the schedule's run then succeeds

@@ -4,6 +4,8 @@ Thin over `hsx_dagster.core.dataset` (assembly and checks): it refuses to assemb
 missing, unfinished or stale (and names them), then writes the global index and the manifest.
 """
 
+from typing import Any
+
 from dagster import (
     AllPartitionMapping,
     AssetCheckExecutionContext,
@@ -18,7 +20,7 @@ from dagster import (
 
 from hsx_dagster.asset_keys import DRAFTER_DATASET, HIDDEN_STATES, INPUTS
 from hsx_dagster.automation import drafter_condition
-from hsx_dagster.checks import arrow_column_schema, check_result, sized
+from hsx_dagster.checks import arrow_column_schema, check_result
 from hsx_dagster.core.dataset.assembly import assemble
 from hsx_dagster.core.dataset.checks import (
     check_coverage,
@@ -26,8 +28,8 @@ from hsx_dagster.core.dataset.checks import (
     check_numerics,
     check_parity_on_claimed_device,
 )
-from hsx_dagster.core.extraction.size_estimate import format_bytes
 from hsx_dagster.core.storage.format import DRAFTER_INDEX_SCHEMA, DRAFTER_QUARANTINE_SCHEMA
+from hsx_dagster.core.units import format_bytes, format_count
 from hsx_dagster.resources import GpuResource, HsxSettings
 
 INDEX_COLUMNS = {
@@ -36,10 +38,18 @@ INDEX_COLUMNS = {
     "split": "train or val, decided by sample id",
 }
 
+# Short lines: the UI's metadata column is narrow and a code block does not wrap.
 HOW_TO_LOAD = """```python
-from hsx_dagster import DrafterDataset, collate_drafter_batch
-ds = DrafterDataset("{path}", split="train")   # ds[i]: sample_id, input_ids, loss_mask, hidden_states [T, L, H]
-loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn=collate_drafter_batch)
+from hsx_dagster import (
+    DrafterDataset, collate_drafter_batch)
+ds = DrafterDataset(
+    "{path}",
+    split="train")
+# ds[i]: sample_id, input_ids, loss_mask,
+#        hidden_states [T, L, H]
+loader = torch.utils.data.DataLoader(
+    ds, batch_size=8, num_workers=4,
+    collate_fn=collate_drafter_batch)
 ```"""
 
 
@@ -73,26 +83,29 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
         f"| {s.shard} | {s.samples:,} | {s.quarantined:,} | {s.tokens:,} | {format_bytes(s.bytes)} |"
         for s in summary.shards
     ]
-    return MaterializeResult(
-        metadata={
-            "dagster/row_count": summary.samples,
-            "samples": summary.samples,
-            "tokens": summary.tokens,
-            **sized("bytes", summary.bytes),
-            "dagster/column_schema": arrow_column_schema(DRAFTER_INDEX_SCHEMA, INDEX_COLUMNS),
-            "quarantine_column_schema": arrow_column_schema(DRAFTER_QUARANTINE_SCHEMA),
-            "train_samples": summary.train_samples,
-            "val_samples": summary.val_samples,
-            "layers": MetadataValue.json(summary.manifest.layers.to_dict()),
-            "storage_dtype": summary.manifest.storage_dtype,
-            "quantization": MetadataValue.json(summary.manifest.quantization or {}),
-            "quarantined_samples": summary.manifest.quarantined_samples,
-            "per_shard": MetadataValue.md("\n".join(rows)),
-            "how_to_load": MetadataValue.md(HOW_TO_LOAD.format(path=loaded.drafter_dir)),
-            "path": MetadataValue.path(str(loaded.drafter_dir)),
-            "ignored_folders": MetadataValue.json(summary.ignored_folders),
-        }
-    )
+    manifest = summary.manifest
+    layers = manifest.layers
+    metadata: dict[str, Any] = {
+        "dagster/row_count": summary.samples,
+        "samples": f"{format_count(summary.samples)}: {format_count(summary.train_samples)} train, "
+        f"{format_count(summary.val_samples)} validation",
+        "tokens": format_count(summary.tokens),
+        "size": format_bytes(summary.bytes),
+        "layers": ", ".join(str(i) for i in layers.ids) + (" and the final norm" if layers.include_final else ""),
+        "layer convention": layers.convention,
+        "storage dtype": manifest.storage_dtype
+        + (f", {', '.join(f'{k} {v}' for k, v in manifest.quantization.items())}" if manifest.quantization else ""),
+        "per shard": MetadataValue.md("\n".join(rows)),
+        "how to load": MetadataValue.md(HOW_TO_LOAD.format(path=loaded.drafter_dir)),
+        "dagster/column_schema": arrow_column_schema(DRAFTER_INDEX_SCHEMA, INDEX_COLUMNS),
+        "quarantine column schema": arrow_column_schema(DRAFTER_QUARANTINE_SCHEMA),
+        "path": MetadataValue.path(str(loaded.drafter_dir)),
+    }
+    if manifest.quarantined_samples:
+        metadata["quarantined samples"] = format_count(manifest.quarantined_samples)
+    if summary.ignored_folders:
+        metadata["ignored folders"] = ", ".join(summary.ignored_folders)
+    return MaterializeResult(metadata=metadata)
 
 
 @asset_check(

@@ -1,11 +1,14 @@
 """`hidden_states`: one static partition per shard, materialized by the op `extract_hidden_states`.
 
 Thin over `hsx_dagster.core.extraction.shard_run`: settings and the `gpu` resource in, a shard job out to the
-core engine, the run's figures back as materialization metadata.
+core engine, the run's figures back as materialization metadata, readable at a glance: the table of every shard with
+totals first, then this shard's run. While the shard runs, its progress is logged and recorded as an
+asset observation of its partition every `operations.progress_every_s`.
 """
 
 from dagster import (
     AssetExecutionContext,
+    AssetObservation,
     AssetSpec,
     MaterializeResult,
     MetadataValue,
@@ -14,11 +17,22 @@ from dagster import (
 )
 
 from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
-from hsx_dagster.checks import sized
+from hsx_dagster.checks import table_value
+from hsx_dagster.core.dataset.shard_overview import (
+    SPEED_COLUMNS,
+    STATE_COLUMNS,
+    ShardRow,
+    low_forward_share_note,
+    markdown_table,
+    total_line,
+)
 from hsx_dagster.core.extraction.batch_shape_summary import probe_table_markdown, shape_label
+from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
+from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 from hsx_dagster.pools import GPU_POOL
 from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster.shard_table import shard_table
 
 
 def build_hidden_states(partitions_def: StaticPartitionsDefinition):
@@ -33,7 +47,9 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
                 group_name="hsx",
                 kinds={"pytorch", "safetensors"},
                 description="Hidden states of the chosen target layers for every token of a shard, "
-                "in safetensors chunks of flat, unpadded tokens plus a per-shard index. Resumable.",
+                "in safetensors chunks of flat, unpadded tokens plus a per-shard index. Resumable. "
+                "The latest materialization shows every shard in a table; a running shard's progress "
+                "is on its partition's Events.",
             )
         ],
         partitions_def=partitions_def,
@@ -46,52 +62,99 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         loaded = settings.load()
         shard = context.partition_key
         job = ShardJob.from_settings(loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})")
-        result = run_shard(job, progress=context.log.info)
-        return MaterializeResult(metadata=hidden_states_metadata(result, job))
+        live = ProgressReporter(context, shard, loaded.operations.progress_every_s)
+        result = run_shard(job, progress=context.log.info, on_progress=live)
+        rows = shard_table(context.instance, loaded, exclude_run_id=context.run_id)
+        return MaterializeResult(metadata={**shards_metadata(rows), **hidden_states_metadata(result, job)})
 
     return extract_hidden_states
 
 
-def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
-    report, info = result.report, result.backbone
+class ProgressReporter:
+    """Turns the engine's progress (after every batch) into a run-log sentence and an observation of the shard's
+    partition every ``every_s`` of extraction, the first after ``every_s``: early enough to watch, late enough
+    for the rate, and so the ETA, to have settled."""
+
+    def __init__(self, context: AssetExecutionContext, shard: str, every_s: float) -> None:
+        self.context, self.shard, self.every_s = context, shard, every_s
+        self.last = 0.0
+
+    def __call__(self, progress: Progress) -> None:
+        if progress.elapsed_s - self.last < self.every_s:
+            return
+        self.last = progress.elapsed_s
+        self.context.log.info(progress.line())
+        self.context.log_event(
+            AssetObservation(
+                asset_key=HIDDEN_STATES,
+                partition=self.shard,
+                description=f"{self.shard} running: {format_share(progress.fraction)} done, "
+                f"about {format_duration(progress.eta_s)} left",
+                metadata={"state": "running", **progress.metadata()},
+            )
+        )
+
+
+def shards_metadata(rows: list[ShardRow]) -> dict:
+    """Every shard of the asset, first on the page: the totals, the table, and a low forward share in words."""
+    note = low_forward_share_note(rows)
     return {
-        "dagster/row_count": result.totals.samples,
-        "samples": result.totals.samples,
-        "tokens": result.totals.tokens,
-        **sized("bytes", result.totals.bytes),
-        "bytes_per_token": round(result.totals.bytes / max(result.totals.tokens, 1), 1),
+        "all shards": total_line(rows),
+        "shards": MetadataValue.md(markdown_table(rows, STATE_COLUMNS)),
+        "shards' speed and checks": MetadataValue.md(markdown_table(rows, SPEED_COLUMNS)),
+        **({"low forward share": note} if note else {}),
+    }
+
+
+def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
+    """This shard and its latest run, one entry per quantity, with its unit."""
+    report, info, totals = result.report, result.backbone, result.totals
+    shape = report.batch_shape
+    metadata = {
+        "shard": f"{job.shard}: {format_count(totals.samples)} samples, {format_count(totals.tokens)} tokens, "
+        f"{format_bytes(totals.bytes)} ({totals.bytes / max(totals.tokens, 1):,.0f} bytes per token)",
+        **this_run_metadata(result),
+        "layers": ", ".join(str(i) for i in job.layer_ids) + (" and the final norm" if job.model.include_final else ""),
+        "decoder layers loaded": f"{info.kept_layers} of {info.num_layers}" if info else "none (nothing to extract)",
+        "dtypes": f"{result.compute_dtype} compute, {job.extraction.storage_dtype} storage",
+        "attention": info.attn_implementation if info else job.extraction.attn_implementation,
+        "batch settings": f"batch_size {job.extraction.batch_size}, max_batch_tokens {job.extraction.max_batch_tokens}",
+        "chunks": str(len(totals.chunks)),
+        # plain counts that tests and scripts read (stable membership: core/storage/shard_membership.py)
         "samples_this_run": report.samples,
-        "quarantined": result.quarantined,
-        "quarantined_this_run": MetadataValue.json(report.quarantined[:20]),
         "samples_resumed": report.samples_skipped,
-        "elapsed_s": round(report.elapsed_s, 2),
-        "samples_per_s": round(report.samples_per_s, 2),
-        "tokens_per_s": round(report.tokens_per_s, 1),
-        "padding_efficiency": round(report.padding_efficiency, 4),
-        "forward_share_of_wall_time": round(report.forward_share, 4),
-        "batches": report.batches,
-        "oom_splits": report.oom_splits,
-        "max_batch_tokens_at_end": report.final_max_batch_tokens,
-        **sized("peak_memory_bytes", report.peak_memory_bytes),
-        "device": report.device,
-        "layers": MetadataValue.json(list(job.layer_ids)),
-        "include_final": job.model.include_final,
-        "decoder_layers_loaded": f"{info.kept_layers} of {info.num_layers}"
-        if info
-        else "none (nothing left to extract)",
-        "compute_dtype": result.compute_dtype,
-        "storage_dtype": job.extraction.storage_dtype,
-        "attn_implementation": info.attn_implementation if info else job.extraction.attn_implementation,
-        "batch_size": job.extraction.batch_size,  # the settings: a number or "auto"
-        "max_batch_tokens": job.extraction.max_batch_tokens,
-        # the shape this run ended with and how it was found (core/extraction/batch_shape.py)
-        "batch_shape": shape_label(report.batch_shape),
-        "batch_size_used": report.final_batch_size,
-        "max_batch_tokens_used": report.final_max_batch_tokens,
-        "probe_table": MetadataValue.md(probe_table_markdown(report.batch_shape)),
-        "probe_s": round(report.batch_shape.probe_s if report.batch_shape else 0.0, 3),
-        "probe_overhead_s": round(report.batch_shape.probe_overhead_s if report.batch_shape else 0.0, 3),
-        "probe_share_of_run": round(report.probe_share, 4),
-        "chunks": MetadataValue.json(list(result.totals.chunks)),
+        "samples_departed": result.departed,  # committed, input gone, kept in chunks that still hold current ones
+        "chunks_reclaimed": result.reclaimed_chunks,  # deleted: none of their samples is in the inputs any more
+        "chunks_redone": result.redone_chunks,  # taken out because their samples' tokens changed
         "path": MetadataValue.path(str(job.output_dir)),
+    }
+    if shape is not None and shape.mode != "fixed" and report.samples:
+        metadata["probes"] = (
+            f"{format_duration(shape.probe_s)} probing, {format_duration(shape.probe_overhead_s)} lost to the "
+            f"slower shapes: {format_share(report.probe_share)} of the run (budget {format_share(job.probe_budget)})"
+        )
+        metadata["probe table"] = MetadataValue.md(probe_table_markdown(shape))
+    if result.quarantined:
+        metadata["quarantined"] = f"{format_count(result.quarantined)} samples set aside (quarantine.jsonl)"
+    if report.quarantined:
+        metadata["quarantined this run"] = table_value(report.quarantined[:20])
+    return metadata
+
+
+def this_run_metadata(result: ShardResult) -> dict:
+    """What this run did; a run that found every sample committed says so and nothing about speed."""
+    report = result.report
+    if not report.samples:
+        return {"this run": f"nothing to extract: all {format_count(report.samples_skipped)} samples committed earlier"}
+    shape = report.batch_shape
+    return {
+        "this run": f"{format_count(report.samples)} samples in {format_duration(report.elapsed_s)}"
+        + (f", {format_count(report.samples_skipped)} resumed from earlier runs" if report.samples_skipped else ""),
+        "throughput": f"{format_rate(report.tokens_per_s, 'tokens')}, {format_rate(report.samples_per_s, 'samples')}",
+        "forward share": format_share(report.forward_share),
+        "padding efficiency": format_share(report.padding_efficiency),
+        "device": report.device,
+        "peak memory": format_bytes(report.peak_memory_bytes),
+        "batches": f"{format_count(report.batches)}, shape {shape_label(shape)}"
+        + (f", {report.oom_splits} split after running out of memory" if report.oom_splits else ""),
     }

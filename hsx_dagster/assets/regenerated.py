@@ -22,6 +22,7 @@ from hsx_dagster.core.regenerate.backends import build_backend
 from hsx_dagster.core.regenerate.checks import check_regenerated
 from hsx_dagster.core.regenerate.run import regenerate
 from hsx_dagster.core.settings import Settings
+from hsx_dagster.core.units import format_duration
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
 
 
@@ -83,7 +84,7 @@ def regenerated_metadata(summary: dict, path: str) -> dict:
         "truncated_turns": run["truncated_turns"],
         "finish_reasons": MetadataValue.json(run["finish_reasons"]),
         "per_endpoint": MetadataValue.md("\n".join(rows)),
-        "elapsed_s": run["elapsed_s"],
+        "elapsed": format_duration(run["elapsed_s"]),
         "path": MetadataValue.path(path),
     }
 

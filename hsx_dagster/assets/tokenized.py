@@ -20,14 +20,16 @@ from dagster import (
 from pydantic import create_model
 
 from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
-from hsx_dagster.checks import arrow_column_schema, check_result, sized
-from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype, format_bytes
+from hsx_dagster.checks import arrow_column_schema, check_result, table_value
+from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype
 from hsx_dagster.core.inputs.checks import check_tokenized
 from hsx_dagster.core.inputs.tokenization import tokenize_dataset
-from hsx_dagster.core.inputs.tokenized import LengthBucket, ShardLoad, TokenizedSummary
+from hsx_dagster.core.inputs.tokenized import LengthBucket, ShardLoad, TokenizedSummary, read_tokenized_shard
 from hsx_dagster.core.regenerate.store import regenerated_input
-from hsx_dagster.core.settings import DatasetSettings
+from hsx_dagster.core.settings import DatasetSettings, Settings
 from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA
+from hsx_dagster.core.storage.shard_membership import shard_work
+from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
 from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings, resource_fields, validated
 
@@ -98,6 +100,7 @@ def tokenized_dataset(
         metadata={
             **tokenized_metadata(summary, loaded.tokenized_dir),
             **estimate_metadata(estimate),
+            **shard_work_metadata(loaded),
             "read_from": read_from,
             "input_paths": MetadataValue.json([str(p) for p in paths]),
         }
@@ -105,57 +108,80 @@ def tokenized_dataset(
 
 
 def tokenized_metadata(summary: TokenizedSummary, tokenized_dir: Path) -> dict:
+    """One entry per quantity with its unit; empty ones left out."""
     mean = summary.tokens / summary.samples if summary.samples else 0.0
-    return {
+    metadata = {
         "dagster/row_count": summary.samples,
-        "samples": summary.samples,
-        "tokens": summary.tokens,
-        "loss_tokens": summary.loss_tokens,
-        "loss_token_fraction": round(summary.loss_tokens / summary.tokens, 4) if summary.tokens else 0.0,
-        "mean_tokens_per_sample": round(mean, 1),
-        "truncated_samples": summary.truncated,
-        "rejected": summary.rejected,
-        "rejects_by_reason": MetadataValue.json(summary.rejects),
-        "shards": len(summary.shards),
-        "shard_token_imbalance_max_over_mean": summary.imbalance,
-        "per_shard": MetadataValue.md(shard_table(summary.shards)),
-        "token_length_histogram": MetadataValue.md(histogram_table(summary.histogram)),
-        "conversations_per_s": summary.conversations_per_s,
-        "elapsed_s": summary.elapsed_s,
-        **sized("bytes", summary.bytes_written),
+        "tokens": f"{format_count(summary.tokens)}, {format_count(summary.loss_tokens)} supervised "
+        f"({format_share(summary.loss_tokens / summary.tokens if summary.tokens else 0.0)}), "
+        f"mean {mean:,.1f} per sample",
+        "truncated samples": format_count(summary.truncated),
+        "rejected": format_count(summary.rejected),
+        "shards": f"{len(summary.shards)}, token imbalance max/mean {summary.imbalance:.4f}",
+        "per shard": MetadataValue.md(shard_table(summary.shards)),
+        "token lengths": MetadataValue.md(histogram_table(summary.histogram)),
+        "speed": f"{format_count(summary.conversations_per_s)} conversations/s with {summary.workers} workers, "
+        f"{format_duration(summary.elapsed_s)} in all",
+        "size": format_bytes(summary.bytes_written),
         "dagster/column_schema": arrow_column_schema(SAMPLE_SCHEMA, SAMPLE_COLUMNS),
-        "rejects_column_schema": arrow_column_schema(REJECT_SCHEMA),
-        "chat_template_sha256_16": summary.tokenizer["chat_template_sha256_16"],
-        "tokenizer_class": summary.tokenizer.get("class", "unknown"),
-        "transformers_version": summary.tokenizer.get("transformers_version", "unknown"),
-        "ignored_fields_by_reason": MetadataValue.json(summary.ignored_fields),
-        "tokenize_workers": summary.workers,
+        "rejects column schema": arrow_column_schema(REJECT_SCHEMA),
+        "tokenizer": tokenizer_line(summary.tokenizer),
         "path": MetadataValue.path(str(tokenized_dir)),
     }
+    if summary.rejects:
+        metadata["rejects by reason"] = by_reason(summary.rejects)
+    if summary.ignored_fields:
+        metadata["ignored fields by reason"] = by_reason(summary.ignored_fields)
+    return metadata
+
+
+def tokenizer_line(tokenizer: dict) -> str:
+    return (
+        f"{tokenizer.get('class', 'unknown')}, chat template sha256 {tokenizer['chat_template_sha256_16']}, "
+        f"transformers {tokenizer.get('transformers_version', 'unknown')}"
+    )
+
+
+def by_reason(counts: dict[str, int]) -> MetadataValue:
+    return table_value([{"reason": reason, "count": format_count(count)} for reason, count in counts.items()])
 
 
 def estimate_metadata(estimate: dict[str, dict[str, int]]) -> dict:
-    """Disk the hidden states will take, per storage dtype (a number each, to plot) and per shard."""
+    """Disk the hidden states will take, per shard and storage dtype, with totals: one table."""
     shards = list(next(iter(estimate.values())))
     rows = ["| shard | " + " | ".join(estimate) + " |", "|---|" + "---:|" * len(estimate)]
     rows += [
         f"| {shard} | " + " | ".join(format_bytes(estimate[d][shard]) for d in estimate) + " |" for shard in shards
     ]
     rows += ["| **total** | " + " | ".join(f"**{format_bytes(sum(estimate[d].values()))}**" for d in estimate) + " |"]
-    return {
-        **{
-            k: v
-            for dtype, by_shard in estimate.items()
-            for k, v in sized(f"estimated_bytes_{dtype}", sum(by_shard.values())).items()
-        },
-        "estimated_bytes_per_shard": MetadataValue.md("\n".join(rows)),
-    }
+    return {"estimated size of hidden states": MetadataValue.md("\n".join(rows))}
 
 
 def shard_table(shards: list[ShardLoad]) -> str:
-    rows = ["| shard | samples | tokens |", "|---|---:|---:|"]
-    rows += [f"| {s.shard} | {s.samples:,} | {s.tokens:,} |" for s in shards]
+    """Per shard: what it holds, and what changed since the previous tokenized dataset (samples keep their shard)."""
+    rows = ["| shard | samples | tokens | added | removed |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {s.shard} | {s.samples:,} | {s.tokens:,} | {s.added:,} | {s.removed:,} |" for s in shards]
     return "\n".join(rows)
+
+
+def shard_work_metadata(loaded: Settings) -> dict:
+    """Which hidden_states shards have work against this tokenized dataset (stale), and how much: samples to
+    extract (and their tokens), and committed samples whose input is gone. Reads each shard's index only."""
+    rows = ["| shard | to extract | tokens | departed |", "|---|---:|---:|---:|"]
+    stale, pending = [], 0
+    for shard in loaded.shard_keys:
+        table = read_tokenized_shard(loaded.tokenized_dir, shard, columns=["sample_id", "num_tokens"])
+        work = shard_work(
+            loaded.shard_dir(shard), table.column("sample_id").to_numpy(), table.column("num_tokens").to_numpy()
+        )
+        stale += [shard] if work.stale else []
+        pending += work.pending
+        rows.append(f"| {shard} | {work.pending:,} | {work.pending_tokens:,} | {work.departed:,} |")
+    return {
+        "stale_shards": MetadataValue.json(stale),
+        "samples_to_extract": pending,
+        "shard_work": MetadataValue.md("\n".join(rows)),
+    }
 
 
 def histogram_table(histogram: list[LengthBucket]) -> str:

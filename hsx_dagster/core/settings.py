@@ -204,6 +204,9 @@ class DrafterSettings(_Section):
 class OperationsSettings(_Section):
     retry_cron: str = Field("*/15 * * * *", description="When `retry_failed_shards` looks for failed shards")
     max_retries: int = Field(3, ge=0, description="Retries of one shard by the schedule since its last success")
+    progress_every_s: float = Field(
+        60.0, gt=0, description="How often a running shard reports its progress to its asset page and run log"
+    )
     k8s_run_config: Path | None = Field(
         None,
         description="YAML of the `dagster-k8s/config` tag for shard runs on Kubernetes "
@@ -442,20 +445,5 @@ def check_shard_key(key: str) -> str:
 
 
 # Reading the file lives in its own module; it is imported from here too, where callers have always found it.
-from hsx_dagster.core.settings_file import load_settings, settings_path  # noqa: E402
-
-__all__ = [
-    "DEFAULT_LOCK_DIR",
-    "DatasetSettings",
-    "DrafterSettings",
-    "ExtractionSettings",
-    "ModelSettings",
-    "OperationsSettings",
-    "RegenerateSettings",
-    "Settings",
-    "SettingsError",
-    "check_shard_key",
-    "load_settings",
-    "settings_path",
-    "shard_keys",
-]
+from hsx_dagster.core.settings_file import load_settings as load_settings  # noqa: E402
+from hsx_dagster.core.settings_file import settings_path as settings_path  # noqa: E402

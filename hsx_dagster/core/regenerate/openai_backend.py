@@ -54,6 +54,31 @@ class _Endpoint:
     last_error: str = ""
 
 
+class _JobQueue:
+    """The conversations to regenerate: those whose endpoint went down first, then the input's next ones."""
+
+    def __init__(self, jobs: Iterator[ConversationJob]) -> None:
+        self.jobs = jobs
+        self.requeued: deque[ConversationJob] = deque()
+        self.exhausted = False
+        self.in_flight = 0
+
+    def next(self) -> ConversationJob | None:
+        if self.requeued:
+            return self.requeued.popleft()
+        if not self.exhausted:
+            try:
+                return next(self.jobs)
+            except StopIteration:
+                self.exhausted = True
+        return None
+
+    @property
+    def left(self) -> int:
+        """At least this many conversations are not done: the requeued ones, and one more if the input is not over."""
+        return len(self.requeued) + (0 if self.exhausted else 1)
+
+
 class OpenAIBackend:
     """The servers of ``regenerate.endpoints``, sampling and retrying as the ``regenerate`` settings say."""
 
@@ -140,52 +165,17 @@ class OpenAIBackend:
         asyncio.run(self._run(jobs, finished, stats, renderer))
 
     async def _run(self, jobs, finished, stats: Stats, renderer: PromptRenderer) -> None:
-        requeued: deque[ConversationJob] = deque()
-        exhausted = False
-        in_flight = 0
-
-        def next_job() -> ConversationJob | None:
-            nonlocal exhausted
-            if requeued:
-                return requeued.popleft()
-            if not exhausted:
-                try:
-                    return next(jobs)
-                except StopIteration:
-                    exhausted = True
-            return None
-
+        queue = _JobQueue(jobs)
         limits = httpx.Limits(
             max_connections=self.options.concurrency, max_keepalive_connections=self.options.concurrency
         )
         timeout = httpx.Timeout(self.options.request_timeout_s, connect=self.options.connect_timeout_s)
-
-        async def worker(endpoint: _Endpoint, client: httpx.AsyncClient) -> None:
-            nonlocal in_flight
-            while endpoint.alive:
-                job = next_job()
-                if job is None:
-                    if in_flight == 0 and not requeued:
-                        return
-                    await asyncio.sleep(0.05)  # a conversation in flight elsewhere may come back
-                    continue
-                in_flight += 1
-                try:
-                    await self._conversation(endpoint, client, job, stats, renderer)
-                except _EndpointDown:
-                    requeued.append(job)
-                    continue
-                finally:
-                    in_flight -= 1
-                stats.endpoint(endpoint.url)["conversations"] += 1
-                finished(job)
-
         clients = [httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers) for _ in self.endpoints]
         try:
             for endpoint in self.endpoints:
                 stats.endpoint(endpoint.url)["alive"] = True
             tasks = [
-                asyncio.create_task(worker(endpoint, client))
+                asyncio.create_task(self._worker(endpoint, client, queue, finished, stats, renderer))
                 for endpoint, client in zip(self.endpoints, clients)
                 for _ in range(self.options.concurrency)
             ]
@@ -199,13 +189,35 @@ class OpenAIBackend:
         finally:
             for client in clients:
                 await client.aclose()
-        left = len(requeued) + (0 if exhausted else 1)
-        if requeued or not exhausted:
+        if queue.requeued or not queue.exhausted:
             down = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
             raise RegenerationError(
-                f"no endpoint left ({down}); at least {left} conversations are not regenerated. Everything "
+                f"no endpoint left ({down}); at least {queue.left} conversations are not regenerated. Everything "
                 "finished so far is committed: start the servers and run again to finish the rest"
             )
+
+    async def _worker(
+        self, endpoint: _Endpoint, client: httpx.AsyncClient, queue: _JobQueue, finished, stats: Stats, renderer
+    ) -> None:
+        """Conversations one after another on ``endpoint`` while it is up; one whose endpoint went down goes back
+        to the queue for the others."""
+        while endpoint.alive:
+            job = queue.next()
+            if job is None:
+                if queue.in_flight == 0 and not queue.requeued:
+                    return
+                await asyncio.sleep(0.05)  # a conversation in flight elsewhere may come back
+                continue
+            queue.in_flight += 1
+            try:
+                await self._conversation(endpoint, client, job, stats, renderer)
+            except _EndpointDown:
+                queue.requeued.append(job)
+                continue
+            finally:
+                queue.in_flight -= 1
+            stats.endpoint(endpoint.url)["conversations"] += 1
+            finished(job)
 
     async def _conversation(
         self, endpoint: _Endpoint, client: httpx.AsyncClient, job: ConversationJob, stats: Stats, renderer

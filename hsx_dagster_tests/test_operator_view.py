@@ -1,0 +1,107 @@
+"""What a person watching a long extraction reads: units (core/units.py), a running shard's progress
+(core/extraction/progress.py) on the asset's partition and in the run log, the per-shard table with
+totals (core/dataset/shard_overview.py, hsx_dagster/shard_table.py), and the same figures in
+`python -m hsx_dagster.report`."""
+
+import math
+import re
+
+import pytest
+from dagster import AssetKey, instance_for_test, materialize
+
+from hsx_dagster.assets.hidden_states import build_hidden_states
+from hsx_dagster.assets.tokenized import tokenized_dataset
+from hsx_dagster.core.dataset.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
+from hsx_dagster.core.extraction.progress import Progress
+from hsx_dagster.core.settings import load_settings
+from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
+from hsx_dagster.partitions import shard_partitions
+from hsx_dagster.report import summary_lines
+from hsx_dagster.resources import GpuResource, HsxSettings
+
+
+@pytest.fixture
+def small_settings_file(tmp_path, small_inputs, demo_model_dir):
+    """28 conversations in two shards (conftest's small_inputs and demo model)."""
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
+        f"  layers: [1, 4]\nshards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 4\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(999, "999 B"), (229_892_108, "229.9 MB"), (459_784_216, "459.8 MB"), (999_960, "1.0 MB"), (3.2e15, "3.2 PB")],
+)
+def test_sizes_are_decimal_with_one_unit(value, text):
+    assert format_bytes(value) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(4.26, "4.3 s"), (59.6, "1 min 00 s"), (452.46, "7 min 32 s"), (20912, "5 h 48 min"), (200_000, "2 d 07 h")],
+)
+def test_durations_read_in_hours_and_minutes(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_counts_rates_and_shares():
+    assert format_count(1_181_848) == "1,181,848" and format_count(1380, "samples") == "1,380 samples"
+    assert format_rate(2611.7, "tokens") == "2,612 tokens/s" and format_rate(3.25, "samples") == "3.2 samples/s"
+    assert format_share(0.0438) == "4.4%"
+    assert format_duration(math.inf) == "unknown"
+
+
+def test_the_eta_is_weighted_by_tokens_not_samples():
+    """Longest first: a tenth of the samples done can be half of the tokens; the ETA follows the tokens."""
+    progress = Progress("shard-00", 100, 1000, 50_000, 100_000, 10**8, 100.0, 40.0, "cuda:0")
+    assert progress.tokens_per_s == 500 and progress.eta_s == pytest.approx(100.0)
+    assert progress.forward_share == pytest.approx(0.4)
+    line = progress.line()
+    assert line.endswith("about 1 min 40 s left.") and "100 of 1,000 samples" in line and "100.0 MB committed" in line
+    shown = progress.metadata()
+    assert shown["time left"] == "1 min 40 s" and shown["progress"] == "50.0% of tokens" and shown["device"] == "cuda:0"
+
+
+def test_a_low_forward_share_is_said_in_words():
+    busy = ShardRow("shard-00", "complete", 10, 10, 100, 1000, forward_share=0.93)
+    idle = ShardRow("shard-01", "complete", 10, 10, 100, 1000, forward_share=0.07)
+    assert low_forward_share_note([busy]) is None
+    note = low_forward_share_note([busy, idle])
+    assert note is not None and "shard-01 7.0%" in note and "shard-00" not in note
+    assert 0.07 < LOW_FORWARD_SHARE < 0.93
+
+
+def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(small_settings_file, monkeypatch):
+    """Observations of the running shard's partition, carrying its progress and ETA, every
+    operations.progress_every_s; the same sentence in the run log; the table of every shard on the
+    materialization; and the report's table with the same units."""
+    monkeypatch.setenv("HSX_OPERATIONS__PROGRESS_EVERY_S", "0.001")
+    settings = load_settings(small_settings_file)
+    assert settings.operations.progress_every_s == 0.001
+    resources = {"settings": HsxSettings(path=str(small_settings_file)), "gpu": GpuResource.from_settings(settings)}
+    hidden_states = build_hidden_states(shard_partitions(settings))
+    with instance_for_test() as instance:
+        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        result = materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance)
+        assert result.success
+        records = instance.fetch_observations(AssetKey("hidden_states"), limit=100).records
+        assert records, "no progress observation"
+        observations = [r.asset_observation for r in records]
+        assert {o.partition for o in observations} == {"shard-01"}
+        first = observations[-1].metadata  # records come newest first
+        assert first["state"].value == "running" and first["device"].value == "cpu"
+        assert " of " in first["samples"].value and first["time left"].value != "unknown"
+        logged = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.endswith("left.")]
+        assert len(logged) == len(observations) and logged[0].startswith("shard-01: ")
+
+        metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
+        table = metadata["shards"].value
+        assert "| shard\u201101 | complete |" in table and "| shard\u201100 | not\u00a0started |" in table
+
+    report = "\n".join(summary_lines(str(small_settings_file)))
+    assert re.search(r"shard-01 +complete +14/14", report) and re.search(r"shard-00 +not started +0/14", report)
+    size = re.search(r"[\d.]+ [KMGT]?B", metadata["shard"].value).group(0)
+    assert size in report  # the same size, the same unit, in the UI and the report
