@@ -20,26 +20,8 @@ ROOTS = ("hsx_dagster", "benchmarks")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 450
 REASON = "# long:"
-# Files other work in progress restructures now (#24 living dataset, #25 operator's view, #22 export): their
-# owners bring them within the rules; the list printed by this module shows what is left after the merges.
-IN_PROGRESS = (
-    "hsx_dagster/core/extraction/shard_run.py",
-    "hsx_dagster/core/storage/shard_store.py",
-    "hsx_dagster/core/storage/chunk_writer.py",
-    "hsx_dagster/core/storage/shard_checks.py",
-    "hsx_dagster/core/dataset/checks.py",
-    "hsx_dagster/core/dataset/assembly.py",
-    "hsx_dagster/core/dataset/reader.py",
-    "hsx_dagster/core/inputs/tokenization.py",
-    "hsx_dagster/assets/hidden_states.py",
-    "hsx_dagster/assets/shard_checks.py",
-    "hsx_dagster/checks.py",
-    "hsx_dagster/report.py",
-    "hsx_dagster/schedules.py",
-    "hsx_dagster/automation.py",
-    "hsx_dagster/launch.py",
-    "hsx_dagster/core/export/",
-)
+# Files that work in progress restructures may be listed here while it lasts; none is now.
+IN_PROGRESS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

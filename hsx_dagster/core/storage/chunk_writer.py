@@ -127,7 +127,7 @@ class ChunkWriter:
 
     def _run(self) -> None:
         # Without this, the writer's first torch op starts a second pool of intra-op threads that
-        # fights the forward pass for the cores (measured 2.3x slower forwards on 2 cores). The
+        # fights the forward pass for the cores and slows it down. The
         # setting is per thread: the compute thread keeps all of its threads.
         torch.set_num_threads(1)
         pending: list[HostBatch] = []
