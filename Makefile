@@ -50,6 +50,12 @@ demo: data instance
 	# shard (blocking checks shard_coverage, shard_integrity, shard_numerics); python -m hsx_dagster.launch --help.
 	$(BIN)/python -m hsx_dagster.launch $$($(BIN)/python -c 'from hsx_dagster.core.settings import load_settings; print(*load_settings().shard_keys)')
 	$(DAGSTER_MATERIALIZE) --select drafter_dataset
+	# The trainers' data folders, when asked (export.speculators, export.specforge: docs/trainers-*.md).
+	for name in speculators specforge; do \
+		if $(BIN)/python -c "from hsx_dagster.core.settings import load_settings; exit(not getattr(load_settings().export, '$$name'))"; then \
+			$(DAGSTER_MATERIALIZE) --select $${name}_dataset || exit 1; \
+		fi; \
+	done
 	@echo
 	@$(BIN)/python -m hsx_dagster.report
 

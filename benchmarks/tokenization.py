@@ -69,7 +69,8 @@ def measure_tokenization(out_dir: Path, repetitions: int) -> dict:
 def write_corpus(path: Path, conversations: int, seed: int = 7) -> int:
     """About ``conversations`` records as OpenAI JSON Lines: demo chats and agentic records (tools, tool
     calls, reasoning in both forms). Deterministic."""
-    from hsx_dagster.demo.conversations import generate_agentic_conversations, generate_conversations
+    from hsx_dagster.demo.agentic import generate_agentic_conversations
+    from hsx_dagster.demo.conversations import generate_conversations
 
     agentic = int(conversations * AGENTIC_SHARE)
     chats = generate_conversations(conversations - agentic, seed)

@@ -9,3 +9,5 @@ REGENERATED_CONVERSATIONS = AssetKey("regenerated_conversations")
 TOKENIZED_DATASET = AssetKey("tokenized_dataset")
 HIDDEN_STATES = AssetKey("hidden_states")
 DRAFTER_DATASET = AssetKey("drafter_dataset")
+SPECULATORS_DATASET = AssetKey("speculators_dataset")  # output_dir/speculators/: speculators' --data-path
+SPECFORGE_DATASET = AssetKey("specforge_dataset")  # output_dir/specforge/: SpecForge's --hidden-states-path

@@ -11,6 +11,7 @@ import warnings
 from dagster import AssetsDefinition, BetaWarning, Definitions, PreviewWarning, with_source_code_references
 
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
+from hsx_dagster.assets.exports import export_assets
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.inputs import build_input_assets
 from hsx_dagster.assets.regenerated import with_regeneration
@@ -42,7 +43,11 @@ def _build_definitions(settings: Settings) -> Definitions:
         assets=with_source_code_references(
             [
                 *build_input_assets(),
-                *with_code_versions([*tokenization, build_hidden_states(partitions), drafter_dataset], settings),
+                *with_code_versions(
+                    # the exports are materialized only when asked (export.speculators / export.specforge, or selected)
+                    [*tokenization, build_hidden_states(partitions), drafter_dataset, *export_assets],
+                    settings,
+                ),
             ]
         ),
         jobs=[shard_job, build_observe_job()],

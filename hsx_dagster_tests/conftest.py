@@ -17,7 +17,8 @@ MEMORY_SCRATCH_MIN_FREE = 4 * 2**30
 
 def _scratch_in_memory() -> None:
     """Scratch files (tmp_path, Dagster's test instances, subprocesses') on the machine's tmpfs: the pipeline
-    fsyncs every chunk it commits and Dagster's SQLite each event; on a disk that costs 15% of the quick loop.
+    fsyncs every chunk it commits and Dagster's SQLite each event, which slows the quick loop on a disk
+    (docs/benchmarks.md).
     A TMPDIR the user set wins; without a roomy, writable tmpfs nothing changes."""
     if "TMPDIR" in os.environ or not (MEMORY_SCRATCH.is_dir() and os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK)):
         return
@@ -32,7 +33,7 @@ _scratch_in_memory()
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test-quick` runs one pytest worker per core: each gets one core's worth of threads. Torch's
     # default (a thread per core in every process) oversubscribes, and its spinning threads made the
-    # parallel loop 3.6x slower than a serial one. (Imported here only: the controller runs no test.)
+    # parallel loop slower than a serial one. (Imported here only: the controller runs no test.)
     import torch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -102,6 +103,17 @@ def small_inputs(demo_conversations, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("inputs") / "small.jsonl"
     path.write_text("".join(json.dumps({"messages": c.as_chat()}) + "\n" for c in picked))
     return path
+
+
+@pytest.fixture(scope="module")
+def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
+    """`small_inputs` tokenized for the demo model in one shard (samples up to 1,024 tokens), once per module:
+    the extraction tests' input."""
+    from hsx_dagster_tests.helpers import tokenize
+
+    out = tmp_path_factory.mktemp("tok") / "tokenized"
+    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
+    return out
 
 
 def pytest_unconfigure(config):

@@ -1,4 +1,5 @@
-"""Builders the tests share: a shard job and a tokenization from the keys of the settings file, flat.
+"""Builders the tests share: a shard job and a tokenization from the keys of the settings file, flat; a
+settings file written from its sections; a free local port.
 
 The core takes the settings sections themselves (`ModelSettings`, `ExtractionSettings`, `DatasetSettings`);
 a test names only the keys it cares about, as hsx.yaml would, and the rest keeps the settings' defaults
@@ -7,9 +8,12 @@ a test names only the keys it cares about, as hsx.yaml would, and the rest keeps
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hsx_dagster.core.extraction.shard_run import ShardJob
 from hsx_dagster.core.inputs.tokenization import tokenize_dataset
@@ -82,3 +86,62 @@ def provenance_of(output_dir: Path, **keys: Any) -> ShardProvenance:
         tokenized_sha256="0" * 64,
     )
     return ShardProvenance(**{**fields, **keys})
+
+
+def write_settings(path: Path, **sections: Any) -> Path:
+    """A settings file (hsx.yaml) at ``path``, written from its top-level keys as YAML: ``dataset={"paths":
+    [...]}``, ``shards=2``, ...; paths anywhere in it are written as strings."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return value
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(plain(sections), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def build_drafter_dataset(
+    inputs: Sequence[Path],
+    model_path: Path,
+    out: Path,
+    *,
+    layer_ids: Sequence[int],
+    shards: Sequence[str] = ("shard-00", "shard-01"),
+    val_fraction: float = 0.25,
+    **keys: Any,
+) -> Path:
+    """Tokenize ``inputs``, extract every shard on the CPU and assemble ``out/drafter``; returns ``out`` (which holds
+    ``tokenized/``, ``hidden_states/`` and ``drafter/``, as a settings file's output_dir). ``keys``: `shard_job`'s
+    (include_final, storage_dtype, ...)."""
+    from hsx_dagster.core.dataset.assembly import assemble
+    from hsx_dagster.core.extraction.shard_run import run_shard
+
+    tokenize(inputs, model_path, out / "tokenized", shards=len(shards), max_length=1024)
+    keys = {"batch_size": 8, "max_batch_tokens": 4096, "chunk_bytes": 200_000, **keys}
+    for index, shard in enumerate(shards):
+        job = shard_job(
+            shard=shard,
+            shard_index=index,
+            tokenized_dir=out / "tokenized",
+            output_dir=out / "hidden_states" / shard,
+            model_path=model_path,
+            layer_ids=layer_ids,
+            **keys,
+        )
+        run_shard(job)
+    assemble(out / "tokenized", out / "hidden_states", list(shards), out / "drafter", val_fraction=val_fraction,
+             settings={"test": True})  # fmt: skip
+    return out

@@ -107,3 +107,26 @@ def run_and_kill(job: dict, point: str, at: int) -> None:
         raise ValueError(f"unknown kill point {point!r}")
     run_shard(shard_job(**job))
     os._exit(NOT_KILLED)
+
+
+def heal_and_kill(folder: Path, tokenized_dir: Path, point: str) -> None:
+    """Run the shard checks with healing on ``folder`` (a damaged chunk in it); die part-way through setting the
+    chunk aside: ``logged`` (the removal recorded, the file not moved yet) or ``moved`` (the file moved aside, the
+    index not rewritten yet)."""
+    from hsx_dagster.core.storage import chunk_removal
+    from hsx_dagster.core.storage.shard_checks import check_shard
+
+    if point == "logged":
+        chunk_removal.finish_removals = lambda directory: _die()  # type: ignore[assignment]
+    elif point == "moved":
+        real_replace = chunk_removal.os.replace
+
+        def replace_then_die(source, target):
+            real_replace(source, target)
+            _die()
+
+        chunk_removal.os = type("os", (), {"replace": staticmethod(replace_then_die)})  # type: ignore[assignment]
+    else:
+        raise ValueError(f"unknown kill point {point!r}")
+    check_shard(folder, tokenized_dir, "shard-00", heal=True)
+    os._exit(NOT_KILLED)

@@ -22,19 +22,22 @@ from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage.shard_store import read_index
 from hsx_dagster.dagster_internals import StaleStatus, stale_status
 from hsx_dagster.definitions import build_definitions
+from hsx_dagster_tests.helpers import write_settings
 
 DRAFTER = AssetKey("drafter_dataset")
 SHARDS = ("shard-00", "shard-01")
 
 
-def write_settings(folder: Path, inputs: Path, model: Path, layers: str = "[1, 4]", dtype: str = "bfloat16") -> Path:
-    path = folder / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{inputs}]\n  max_length: 512\nmodel:\n  path: {model}\n  layers: {layers}\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n"
-        f"  storage_dtype: {dtype}\ndrafter:\n  parity_samples: 0\n"
+def project_settings(folder: Path, inputs: Path, model: Path, layers=(1, 4), dtype: str = "bfloat16") -> Path:
+    return write_settings(
+        folder / "hsx.yaml",
+        dataset={"paths": [inputs], "max_length": 512},
+        model={"path": model, "layers": layers},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8, "storage_dtype": dtype},
+        drafter={"parity_samples": 0},
     )
-    return path
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Project:
 def project(tmp_path, small_inputs, demo_model_dir):
     inputs = tmp_path / "conversations.jsonl"
     inputs.write_bytes(small_inputs.read_bytes())
-    settings = load_settings(write_settings(tmp_path, inputs, demo_model_dir))
+    settings = load_settings(project_settings(tmp_path, inputs, demo_model_dir))
     with instance_for_test() as instance:
         yield Project(instance, build_definitions(settings), inputs, tmp_path / "out")
 
@@ -178,15 +181,15 @@ def test_a_failed_shard_check_holds_the_drafter_back(project):
 
 
 def test_code_versions_follow_the_settings_that_shape_the_data(tmp_path, small_inputs, demo_model_dir):
-    base = code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir)))
-    layers = code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir, layers="[1, 5]")))
-    fp8 = code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir, dtype="float8_e4m3")))
+    base = code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir)))
+    layers = code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir, layers=[1, 5])))
+    fp8 = code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir, dtype="float8_e4m3")))
     for changed in (layers, fp8):  # the shards and the dataset made from them are out of date, not the tokens
         assert changed["tokenized_dataset"] == base["tokenized_dataset"]
         assert changed["hidden_states"] != base["hidden_states"]
         assert changed["drafter_dataset"] != base["drafter_dataset"]
-    assert code_versions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir))) == base
-    defs = build_definitions(load_settings(write_settings(tmp_path, small_inputs, demo_model_dir, layers="[1, 5]")))
+    assert code_versions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir))) == base
+    defs = build_definitions(load_settings(project_settings(tmp_path, small_inputs, demo_model_dir, layers=[1, 5])))
     graph = defs.resolve_asset_graph()
     assert graph.get(AssetKey("hidden_states")).code_version == layers["hidden_states"]
     assert graph.get(AssetKey("tokenized_dataset")).parent_keys == {AssetKey("conversations"), AssetKey("target_model")}

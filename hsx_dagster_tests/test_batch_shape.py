@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,15 +22,15 @@ from hsx_dagster.core.extraction.batch_shape import (
     LADDERS,
     WINDOW,
     BatchShaper,
-    Lap,
     Shape,
 )
 from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
 from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster.core.extraction.timing import Lap
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job, write_settings
 from hsx_dagster_tests.test_extraction import job_keys, make_job, reference_states, stored_samples
 
 CPU = torch.device("cpu")
@@ -239,10 +238,11 @@ def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path
     from hsx_dagster.definitions import build_definitions
     from hsx_dagster.resources import GpuResource
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{demo_root / 'conversations' / 'demo_openai.jsonl'}]\n"
-        f"model:\n  path: {demo_root / 'models' / 'tiny-qwen3_5'}\nextraction:\n  max_batch_tokens: 4096\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [demo_root / "conversations" / "demo_openai.jsonl"]},
+        model={"path": demo_root / "models" / "tiny-qwen3_5"},
+        extraction={"max_batch_tokens": 4096},
     )
     gpu = build_definitions(load_settings(settings_file)).resources["gpu"]
     assert (gpu.batch_size, gpu.max_batch_tokens) == ("auto", 4096)  # file, and the default
@@ -267,13 +267,6 @@ def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path
 
 
 # --- real shard runs on the demo model -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tok-auto") / "tokenized"
-    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
-    return out
 
 
 def auto_keys(tokenized, out, model, layers, **overrides) -> dict:

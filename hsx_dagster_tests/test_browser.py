@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from hsx_dagster_tests.helpers import free_port, write_settings
 
 pytestmark = pytest.mark.slow  # servers, subprocesses and a browser: left out of the quick loop
 
@@ -59,12 +60,6 @@ def chromium_executable() -> str | None:
     return next((path for name in CHROMIUM_CANDIDATES if (path := shutil.which(name))), None)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def browser_executable() -> str:
     executable = chromium_executable()
@@ -87,11 +82,14 @@ def demo_instance(tmp_path_factory, small_inputs, demo_model_dir, browser_execut
     """A project-local instance as `make demo` leaves it: observe, tokenize, one hidden_states_shard run per
     shard, assemble; the same commands, on a small input so it takes minutes on a CPU."""
     root = tmp_path_factory.mktemp("browser-demo")
-    settings = root / "hsx.yaml"
-    settings.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n"
-        f"  layers: [1, 4]\nshards: {len(SHARDS)}\noutput_dir: out\nextraction:\n  devices: [cpu]\n"
-        f"  batch_size: 8\ndrafter:\n  parity_samples: 2\n"
+    settings = write_settings(
+        root / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 512},
+        model={"path": demo_model_dir, "layers": [1, 4]},
+        shards=len(SHARDS),
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8},
+        drafter={"parity_samples": 2},
     )
     home = root / "dagster_home"
     home.mkdir()

@@ -19,37 +19,39 @@ from hsx_dagster.dagster_internals import pool_limits
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster_tests.helpers import write_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_settings(folder: Path, inputs: list[Path], model_dir: Path) -> Path:
-    path = folder / "hsx.yaml"
-    paths = "".join(f"\n    - {p}" for p in inputs)
-    path.write_text(
-        f"dataset:\n  paths:{paths}\n  min_loss_tokens: 4\nmodel:\n  path: {model_dir}\n  layers: eagle3\n"
-        f"shards: 3\noutput_dir: out\n"
+def three_shards(folder: Path, inputs: list[Path], model_dir: Path) -> Path:
+    return write_settings(
+        folder / "hsx.yaml",
+        dataset={"paths": inputs, "min_loss_tokens": 4},
+        model={"path": model_dir, "layers": "eagle3"},
+        shards=3,
+        output_dir="out",
     )
-    return path
 
 
 @pytest.fixture
 def settings_file(tmp_path, demo_paths, demo_model_dir) -> Path:
     """The whole demo corpus (rejects included) in three shards."""
-    return write_settings(tmp_path, demo_paths, demo_model_dir)
+    return three_shards(tmp_path, demo_paths, demo_model_dir)
 
 
 @pytest.fixture
 def small_corpus_settings_file(tmp_path, small_inputs, demo_model_dir) -> Path:
     """The same settings over 28 conversations: for what does not need the whole corpus."""
-    return write_settings(tmp_path, [small_inputs], demo_model_dir)
+    return three_shards(tmp_path, [small_inputs], demo_model_dir)
 
 
 def test_definitions_graph_partitions_and_resources(settings_file):
     defs = build_definitions(load_settings(settings_file))
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert keys == {"conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset"}
+    assert keys == {"conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset",
+                    "speculators_dataset", "specforge_dataset"}  # fmt: skip
     assert graph.get(AssetKey("conversations")).is_observable and graph.get(AssetKey("target_model")).is_observable
     hidden = defs.resolve_assets_def("hidden_states")
     assert hidden.op.name == "extract_hidden_states"

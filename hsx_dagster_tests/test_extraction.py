@@ -18,15 +18,8 @@ from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError
-from hsx_dagster_tests.helpers import provenance_of, shard_job, tokenize
+from hsx_dagster_tests.helpers import provenance_of, shard_job
 from hsx_dagster_tests.sweeps import sweep
-
-
-@pytest.fixture(scope="module")
-def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tok") / "tokenized"
-    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
-    return out
 
 
 def job_keys(tokenized: Path, out: Path, model: Path, layers, **overrides) -> dict:
@@ -133,7 +126,7 @@ def test_only_needed_layers_are_loaded(tokenized, demo_model_dir, tmp_path):
 
 
 # The engine's bookkeeping (resume, leftovers, refusals, out-of-memory splits) is the same for every model: these
-# tests run the dense tiny model, 2.3x faster than the hybrid, whose states the reference tests check.
+# tests run the dense tiny model, faster than the hybrid, whose states the reference tests check.
 def test_resume_after_a_crash_gives_the_same_content(tokenized, dense_model_dir, tmp_path, monkeypatch):
     layers = (1, 4)
     run_shard(make_job(tokenized, tmp_path / "clean", dense_model_dir, layers, batch_size=4))

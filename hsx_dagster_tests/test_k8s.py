@@ -8,6 +8,7 @@ import yaml
 
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.definitions import build_definitions
+from hsx_dagster_tests.helpers import write_settings
 
 REPO = Path(__file__).resolve().parents[1]
 dagster_k8s = pytest.importorskip("dagster_k8s")
@@ -16,10 +17,12 @@ dagster_k8s = pytest.importorskip("dagster_k8s")
 def test_shard_run_job_gets_one_gpu_the_image_the_command_and_the_volumes(tmp_path, small_inputs, demo_model_dir):
     from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\nmodel:\n  path: {demo_model_dir}\nshards: 4\n"
-        f"operations:\n  k8s_run_config: {REPO / 'deploy' / 'k8s' / 'shard-run-config.yaml'}\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs]},
+        model={"path": demo_model_dir},
+        shards=4,
+        operations={"k8s_run_config": REPO / "deploy" / "k8s" / "shard-run-config.yaml"},
     )
     defs = build_definitions(load_settings(settings_file))
     job = defs.resolve_job_def("hidden_states_shard")
@@ -57,10 +60,11 @@ def test_shard_run_job_gets_one_gpu_the_image_the_command_and_the_volumes(tmp_pa
 def test_missing_k8s_run_config_is_named(tmp_path, small_inputs, demo_model_dir):
     from hsx_dagster.core.settings import SettingsError
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\nmodel:\n  path: {demo_model_dir}\noperations:\n  k8s_run_config: "
-        "nope.yaml\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs]},
+        model={"path": demo_model_dir},
+        operations={"k8s_run_config": "nope.yaml"},
     )
     with pytest.raises(SettingsError, match=r"key `operations\.k8s_run_config`: file not found"):
         load_settings(settings_file)

@@ -1,4 +1,5 @@
-"""The layering the design relies on: the core imports no Dagster, and the trainer's one import
+"""The layering the design relies on: the core imports no Dagster, its subpackages import only those below
+them (storage, then inputs, extraction, and dataset / regenerate / export on top), and the trainer's one import
 (`from hsx_dagster import DrafterDataset`) loads the reader alone, refusing data it cannot read."""
 
 import ast
@@ -12,6 +13,7 @@ import pytest
 from hsx_dagster import DrafterDataset
 from hsx_dagster.core.dataset.reader import DatasetError
 from hsx_dagster.core.storage.format import DRAFTER_FORMAT, DRAFTER_VERSION, MANIFEST_FILE
+from hsx_dagster_tests.code_size import in_progress, oversized
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hsx_dagster"
 
@@ -35,6 +37,31 @@ def test_nothing_under_the_core_imports_dagster():
     }
     assert {file: modules for file, modules in offenders.items() if modules} == {}
     assert len(offenders) > 20  # the walk found the core's modules
+
+
+# Each core subpackage imports only those of a lower rank (and the core's top-level modules: settings, layers,
+# model_info, choices, ...): storage knows no inputs, inputs no extraction, extraction no dataset, and the three
+# on top never each other.
+CORE_RANKS = {"storage": 0, "inputs": 1, "extraction": 2, "dataset": 3, "regenerate": 3, "export": 4}
+
+
+def test_core_subpackages_import_only_those_below_them():
+    subpackages = sorted(path.name for path in (PACKAGE / "core").iterdir() if (path / "__init__.py").is_file())
+    assert set(subpackages) <= set(CORE_RANKS), f"place the new core subpackage(s) in CORE_RANKS: {subpackages}"
+    upward = []
+    for name in subpackages:
+        for path in sorted((PACKAGE / "core" / name).rglob("*.py")):
+            for module in imported_modules(path):
+                target = module.split(".")[2] if module.startswith("hsx_dagster.core.") else None
+                if target in CORE_RANKS and target != name and CORE_RANKS[target] >= CORE_RANKS[name]:
+                    upward.append(f"{path.relative_to(PACKAGE)} imports {module}")
+    assert upward == []
+    assert len(subpackages) >= 5  # the walk found storage, inputs, extraction, dataset, regenerate
+
+
+def test_no_module_over_450_lines_and_no_function_over_80_without_a_reason():
+    found = [item for item in oversized() if not item.reason and not in_progress(item.path)]
+    assert [str(item) for item in found] == []
 
 
 @pytest.mark.slow  # a subprocess that imports torch (the quick loop checks the core's imports statically)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from hsx_dagster import DrafterDataset
 from hsx_dagster.core.dataset.assembly import assemble
@@ -36,6 +35,7 @@ from hsx_dagster.core.model_info import text_weights_prefix, weight_names
 from hsx_dagster.core.settings import Settings, load_settings
 from hsx_dagster.core.storage.format import SHARD_FILE
 from hsx_dagster.core.transformers_internals import AttentionFlags
+from hsx_dagster_tests.helpers import write_settings as write_settings_file
 from hsx_dagster_tests.release_checkpoints import FAMILIES, build_release, checkpoint_parameters
 from hsx_dagster_tests.sweeps import sweep
 
@@ -83,12 +83,10 @@ def release_dirs(demo_tokenizer, tmp_path_factory):
 
 def write_settings(folder: Path, inputs: Path, model_dir: Path, **sections) -> Settings:
     """A user's settings file: the inputs, the model and an output folder; every other key at its default."""
-    folder.mkdir(parents=True, exist_ok=True)
-    data = {"dataset": {"paths": [str(inputs)]}, "model": {"path": str(model_dir)}, "output_dir": str(folder / "out")}
+    data = {"dataset": {"paths": [inputs]}, "model": {"path": model_dir}, "output_dir": folder / "out"}
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
-    (folder / "hsx.yaml").write_text(yaml.safe_dump(data))
-    return load_settings(folder / "hsx.yaml")
+    return load_settings(write_settings_file(folder / "hsx.yaml", **data))
 
 
 def run_pipeline(settings: Settings) -> list[ShardResult]:

@@ -16,15 +16,8 @@ from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.chunk_writer import NonFiniteStatesError
 from hsx_dagster.core.storage.format import DRAFTER_QUARANTINE_FILE
 from hsx_dagster.core.storage.shard_store import read_quarantine
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job
 from hsx_dagster_tests.sweeps import sweep
-
-
-@pytest.fixture(scope="module")
-def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("nan-tok") / "tokenized"
-    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
-    return out
 
 
 @pytest.fixture

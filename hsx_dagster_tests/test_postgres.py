@@ -23,6 +23,7 @@ from hsx_dagster.core.settings import load_settings
 from hsx_dagster.dagster_internals import pool_limits, set_pool_limit
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.pools import prepare_pool
+from hsx_dagster_tests.helpers import write_settings
 
 pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
 
@@ -83,10 +84,13 @@ def postgres():
 
 
 def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_path, small_inputs, demo_model_dir):
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n  layers: [1, 4]\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 512},
+        model={"path": demo_model_dir, "layers": [1, 4]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8},
     )
     home = tmp_path / "home"
     home.mkdir()

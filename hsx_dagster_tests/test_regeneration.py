@@ -6,7 +6,6 @@ servers dying, a server serving another model, and its responses against the loc
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
+from hsx_dagster_tests.helpers import free_port, write_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLING = {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0, "chat_template_kwargs": {}}
@@ -203,11 +203,16 @@ def test_consolidation_accounts_for_duplicates_parser_rejects_and_failures(tmp_p
 
 def test_generator_resource_mirrors_the_regenerate_section(tmp_path, demo_model_dir, demo_paths, monkeypatch):
     assert set(GeneratorResource.model_fields) == set(RegenerateSettings.model_fields) - {"enabled"}
-    path = tmp_path / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{demo_paths[0]}]\nmodel:\n  path: {demo_model_dir}\n"
-        "regenerate:\n  enabled: true\n  backend: openai\n  concurrency: 3\n"
-        "  chat_template_kwargs: {enable_thinking: true}\n"
+    path = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [demo_paths[0]]},
+        model={"path": demo_model_dir},
+        regenerate={
+            "enabled": True,
+            "backend": "openai",
+            "concurrency": 3,
+            "chat_template_kwargs": {"enable_thinking": True},
+        },
     )
     monkeypatch.setenv("HSX_REGENERATE__ENDPOINTS", "http://10.0.0.1:8000/v1/,http://10.0.0.2:8000/v1")
     settings = load_settings(path)
@@ -226,12 +231,6 @@ def test_generator_resource_mirrors_the_regenerate_section(tmp_path, demo_model_
     path.write_text(path.read_text().replace("enabled: true", "enabled: false"))
     graph = build_definitions(load_settings(path)).resolve_asset_graph()
     assert not graph.has(AssetKey("regenerated_conversations"))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_an_unreachable_endpoint_fails_before_any_work_naming_the_url(tmp_path, demo_model_dir, demo_paths):

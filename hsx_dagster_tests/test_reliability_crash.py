@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import multiprocessing
+import shutil
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +24,8 @@ from safetensors import safe_open
 from hsx_dagster.core.extraction.shard_run import run_shard
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage import atomic as atomic_module
-from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SHARD_FILE, SHARD_INDEX_FILE
+from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SET_ASIDE_DIR, SHARD_FILE, SHARD_INDEX_FILE
+from hsx_dagster.core.storage.shard_checks import check_shard
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests import shard_child
 from hsx_dagster_tests.helpers import shard_job, tokenize
@@ -198,3 +200,52 @@ def test_disk_full_while_writing_a_chunk_is_named_and_leaves_nothing_half_writte
     assert_clean_and_equal(out, reference)
     assert json.loads((out / COMPLETE_FILE).read_text())["samples"] == len(reference)
     assert sorted(reference) == sorted(read_tokenized_shard(tokenized, "shard-00").column("sample_id").to_pylist())
+
+
+@pytest.fixture(scope="module")
+def extracted_shard(tokenized, demo_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("to-heal") / "shard-00"
+    with one_thread():
+        run_shard(shard_job(**job_for(tokenized, out, demo_model_dir)))
+    return out
+
+
+@pytest.mark.parametrize("point", ["logged", "moved", "reextraction"])
+def test_sigkill_while_healing_a_damaged_chunk_resumes(
+    point, tokenized, demo_model_dir, reference, extracted_shard, forkserver, tmp_path
+):
+    """A crash while a damaged chunk is set aside (removal logged / chunk moved, index not yet rewritten), or while
+    its samples are extracted again, loses nothing committed: the next check or run completes the removal, and the
+    shard ends as the uninterrupted one, sample by sample."""
+    out = tmp_path / "shard-00"
+    shutil.copytree(extracted_shard, out)
+    damaged = read_index(out)[1]
+    data = bytearray((out / damaged.chunk).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (out / damaged.chunk).write_bytes(bytes(data))
+    job = job_for(tokenized, out, demo_model_dir)
+    if point == "reextraction":
+        check_shard(out, tokenized, "shard-00", heal=True)
+        child = forkserver.Process(target=shard_child.run_and_kill, args=(job, "forward", 1))
+    else:
+        child = forkserver.Process(target=shard_child.heal_and_kill, args=(out, tokenized, point))
+    child.start()
+    child.join(timeout=300)
+    assert child.exitcode == -signal.SIGKILL, f"the child was not killed at {point} (exit {child.exitcode})"
+    assert_lock_free(out)
+    others = {r.chunk: (out / r.chunk).read_bytes() for r in read_index(out) if r.chunk != damaged.chunk}
+
+    with one_thread():
+        result = run_shard(shard_job(**job))  # completes an interrupted removal first, then re-extracts
+    assert result.report.samples == damaged.samples
+    assert sorted(i for r in read_index(out) for i in r.sample_ids if i in damaged.sample_ids) == sorted(
+        damaged.sample_ids
+    )
+    assert {r.chunk: (out / r.chunk).read_bytes() for r in read_index(out) if r.chunk in others} == others
+    assert (out / SET_ASIDE_DIR / f"{damaged.chunk}.{damaged.sha256[:12]}").is_file()
+    outcomes = check_shard(out, tokenized, "shard-00", heal=True)
+    assert all(o.passed for o in outcomes.values()), {k: o.description for k, o in outcomes.items()}
+    stored = stored_bytes(out)
+    assert stored.keys() == reference.keys()
+    for sample_id in reference:
+        assert stored[sample_id] == reference[sample_id], f"sample {sample_id} differs from the uninterrupted run"

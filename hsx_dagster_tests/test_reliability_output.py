@@ -23,10 +23,10 @@ from hsx_dagster.core.dataset.assembly import AssemblyError, assemble
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
 from hsx_dagster.core.dataset.reader import DatasetError
 from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenized import TokenizedDataError
+from hsx_dagster.core.inputs.tokenized import TokenizedDataError, TokenizedSummary
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 LAYERS = (1, 3)
 
@@ -49,8 +49,8 @@ def job(root: Path, shard: str, model: Path, **overrides) -> ShardJob:
     return shard_job(**settings)
 
 
-def tokenize_into(root: Path, inputs: Path, model: Path, shards: int) -> None:
-    tokenize([inputs], model, root / "tokenized", shards=shards, max_length=64)
+def tokenize_into(root: Path, inputs: Path, model: Path, shards: int) -> TokenizedSummary:
+    return tokenize([inputs], model, root / "tokenized", shards=shards, max_length=64)
 
 
 @pytest.fixture(scope="module")
@@ -182,23 +182,18 @@ def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, t
         run_shard(job(root, "shard-02", demo_model_dir))
     assert not (root / "hidden_states" / "shard-02").exists()  # refused before anything was written
 
-    # Now re-tokenized into 3 shards: the old shards were made from other samples.
-    tokenize_into(root, few_inputs, demo_model_dir, shards=3)
-    with pytest.raises(
-        StoreError,
-        match=r"tokenized_sha256: .*re-tokenized with other inputs, dataset settings or shard "
-        r"count.*on_mismatch: start_over",
-    ):
-        run_shard(job(root, "shard-00", demo_model_dir))
-    with pytest.raises(
-        AssemblyError, match=r"shard-00 \(stale\), shard-01 \(stale\), shard-02 \(missing\).*on_mismatch: start_over"
-    ):
+    # Now re-tokenized into 3 shards: every sample keeps its shard (stable membership), the new shard is empty
+    # until new samples come, and no committed sample is extracted again.
+    before = {p.name: p.read_bytes() for p in (root / "hidden_states").glob("shard-0[01]/chunk-*")}
+    summary = tokenize_into(root, few_inputs, demo_model_dir, shards=3)
+    assert [(s.shard, s.added, s.removed) for s in summary.shards][2] == ("shard-02", 0, 0)
+    with pytest.raises(AssemblyError, match=r"shards not ready: shard-02 \(missing\)"):  # 00 and 01 hold the same
         assemble(
             root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={}
         )
-
-    for shard in shard_keys(3):
-        run_shard(job(root, shard, demo_model_dir, on_mismatch="start_over"))
+    reruns = [run_shard(job(root, shard, demo_model_dir)) for shard in shard_keys(3)]
+    assert [result.report.samples for result in reruns] == [0, 0, 0]
+    assert {p.name: p.read_bytes() for p in (root / "hidden_states").glob("shard-0[01]/chunk-*")} == before
     (root / "hidden_states" / "shard-07").mkdir()  # a leftover of some earlier, larger shard count
     summary = assemble(
         root / "tokenized", root / "hidden_states", shard_keys(3), root / "drafter", val_fraction=0.1, settings={}
@@ -216,10 +211,13 @@ def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_pat
     from hsx_dagster.partitions import shard_partitions
     from hsx_dagster.resources import GpuResource, HsxSettings
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, 3]\n"
-        "shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  chunk_mb: 0.05\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [few_inputs], "max_length": 64},
+        model={"path": demo_model_dir, "layers": [1, 3]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "chunk_mb": 0.05},
     )
     settings = load_settings(settings_file)
     hidden_states = build_hidden_states(shard_partitions(settings))

@@ -22,18 +22,21 @@ from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
 from hsx_dagster.schedules import RETRY_ATTEMPT_TAG, RETRY_REASON_TAG, RETRY_SHARD_TAG
+from hsx_dagster_tests.helpers import write_settings
 
 
 @pytest.fixture
 def failing_shard_settings(tmp_path, small_inputs, demo_model_dir) -> Path:
     """Two shards on the CPU; the test makes shard-00's runs fail."""
-    path = tmp_path / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 512\nmodel:\n  path: {demo_model_dir}\n  layers: [1]\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n"
-        f"operations:\n  max_retries: 2\n"
+    return write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 512},
+        model={"path": demo_model_dir, "layers": [1]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8},
+        operations={"max_retries": 2},
     )
-    return path
 
 
 @dataclass

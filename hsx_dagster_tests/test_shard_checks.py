@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from dagster import DagsterInstance, build_schedule_context, instance_for_test, materialize
+from dagster import AssetKey, DagsterInstance, build_schedule_context, instance_for_test, materialize
 from safetensors import safe_open
 from safetensors.torch import save
 
+from hsx_dagster.assets.drafter import drafter_dataset
 from hsx_dagster.assets.shard_checks import SHARD_CHECKS
 from hsx_dagster.assets.tokenized import tokenized_dataset
+from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage.shard_checks import (
     check_shard_coverage,
@@ -24,21 +26,28 @@ from hsx_dagster.core.storage.shard_checks import (
 from hsx_dagster.core.storage.shard_store import read_index
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.resources import HsxSettings
-from hsx_dagster.schedules import failed_shard_checks
+from hsx_dagster_tests.helpers import write_settings
 
 
 @pytest.fixture(scope="module")
 def settings_file(tmp_path_factory, small_inputs, dense_model_dir) -> Path:
     """28 conversations, two shards, small chunks (several per shard), fp8 storage with the final state; the dense
-    tiny model (the checks read bytes, whichever model made them; it makes them 2.3x faster than the hybrid)."""
-    path = tmp_path_factory.mktemp("shard-checks") / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {dense_model_dir}\n"
-        f"  layers: [1, 4]\n  include_final: true\nshards: 2\noutput_dir: out\n"
-        f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.1\n"
-        f"  storage_dtype: float8_e4m3\noperations:\n  max_retries: 2\n"
+    tiny model (the checks read bytes, whichever model made them; it makes them faster than the hybrid)."""
+    return write_settings(
+        tmp_path_factory.mktemp("shard-checks") / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 1024},
+        model={"path": dense_model_dir, "layers": [1, 4], "include_final": True},
+        shards=2,
+        output_dir="out",
+        extraction={
+            "devices": ["cpu"],
+            "batch_size": 8,
+            "max_batch_tokens": 4096,
+            "chunk_mb": 0.1,
+            "storage_dtype": "float8_e4m3",
+        },
+        operations={"max_retries": 2},
     )
-    return path
 
 
 @dataclass
@@ -179,10 +188,20 @@ def test_stored_ids_that_differ_from_the_tokenized_ones_fail_coverage(extracted,
     assert f"{record.samples} samples' stored ids or loss mask differ" in outcome.description
 
 
-@pytest.mark.slow  # three Dagster runs and a tick (the quick loop runs each check on damaged shards, and a retry)
-def test_a_damaged_shard_fails_its_own_check_and_the_schedule_retries_it(extracted):
-    """Done-when of the issue: a flipped byte in one chunk fails the shard's blocking check on its own
-    partition, the retry schedule then requests that shard, and only that one."""
+def _flip_a_byte(path: Path) -> None:
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    path.write_bytes(bytes(damaged))
+
+
+@pytest.mark.slow  # per damage: two shard runs and two ticks, then the drafter dataset
+@pytest.mark.parametrize(
+    ("shard", "damage", "reason"), [("shard-01", _flip_a_byte, "checksum"), ("shard-00", Path.unlink, "missing")]
+)
+def test_damage_is_healed_by_the_retry_schedule_alone(extracted, shard, damage, reason):
+    """Done-when of #24: a flipped byte or a deleted chunk fails the shard's blocking check, which sets the chunk
+    aside; the retry schedule's run re-extracts exactly its samples; the checks pass; the dataset assembles; every
+    other chunk is untouched."""
     defs, instance = extracted.defs, extracted.instance
     schedule = defs.resolve_schedule_def("retry_failed_shards")
 
@@ -192,36 +211,38 @@ def test_a_damaged_shard_fails_its_own_check_and_the_schedule_retries_it(extract
         )
 
     assert tick().skip_message == "no failed hidden_states shard"
-    folder = extracted.out / "hidden_states" / "shard-01"
+    folder = extracted.out / "hidden_states" / shard
     record = read_index(folder)[-1]
-    path = folder / record.chunk
-    original = path.read_bytes()
-    damaged = bytearray(original)
-    damaged[len(damaged) // 2] ^= 0x10
-    path.write_bytes(bytes(damaged))
-    try:
-        result = extracted.run_shard("shard-01")  # nothing to extract: the run re-checks the shard
-        evaluations = extracted.evaluations(result)
-        integrity = evaluations["shard_integrity"]
-        assert not integrity.passed and integrity.partition == "shard-01"
-        assert f"{record.chunk}: checksum differs" in integrity.description
-        assert evaluations["shard_coverage"].passed  # the ids are intact; the states are not
-        assert failed_shard_checks(instance, ["shard-00", "shard-01"]) == {"shard-01": ["shard_integrity"]}
+    others = {p.name: p.read_bytes() for p in folder.glob("chunk-*") if p.name != record.chunk}
+    damage(folder / record.chunk)
 
-        (request,) = tick().run_requests
-        assert request.partition_key == "shard-01" and request.tags["hsx/retry-attempt"] == "1"
-        # the schedule's retries re-check the same damage: the budget runs out, and the schedule says so
-        for attempt in (1, 2):
-            retried = extracted.run_shard(
-                "shard-01", **{"hsx/retry-of-shard": "shard-01", "hsx/retry-attempt": str(attempt)}
-            )
-            assert not extracted.evaluations(retried)["shard_integrity"].passed
-        assert tick().skip_message == "retry budget (2) used up: shard-01"
-    finally:
-        path.write_bytes(original)
-    repaired = extracted.run_shard("shard-01")
-    assert all(e.passed for e in extracted.evaluations(repaired).values())
-    assert failed_shard_checks(instance, ["shard-00", "shard-01"]) == {}
+    result = extracted.run_shard(shard)  # nothing to extract: the run re-checks the shard
+    integrity = extracted.evaluations(result)["shard_integrity"]
+    assert not integrity.passed and integrity.partition == shard
+    assert (
+        "set aside 1 chunks" in integrity.description
+        and f"their {record.samples} samples are pending" in integrity.description
+    )
+    (removed,) = [json.loads(line) for line in (folder / "removed_chunks.jsonl").read_text().splitlines()][-1:]
+    assert (removed["chunk"], removed["reason"]) == (record.chunk, reason)
+    assert (folder / removed["kept_as"]).is_file() == (reason != "missing")  # moved aside, never deleted
+    assert record.chunk not in {r.chunk for r in read_index(folder)}
+
+    (request,) = tick().run_requests  # the schedule alone: its request, run as the daemon would run it
+    assert request.partition_key == shard
+    retried = extracted.run_shard(shard, **request.tags)
+    assert all(e.passed for e in extracted.evaluations(retried).values())
+    metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
+    assert metadata["samples_this_run"].value == record.samples  # exactly the set-aside chunk's samples
+    assert sorted(i for r in read_index(folder)[-1:] for i in r.sample_ids) == sorted(record.sample_ids)
+    assert {p.name: p.read_bytes() for p in folder.glob("chunk-*") if p.name in others} == others
     assert tick().skip_message == "no failed hidden_states shard"
+    resources = {"settings": HsxSettings(path=str(extracted.settings_file))}
+    assert materialize([drafter_dataset], resources=resources, instance=instance).success
+    assert len(DrafterDataset(extracted.out / "drafter")) == 28
+
+
+def test_the_shard_job_runs_every_shard_check(extracted):
+    defs = extracted.defs
     job_graph = defs.resolve_job_def("hidden_states_shard").asset_layer.asset_graph
     assert {key.name for key in job_graph.asset_check_keys} == set(SHARD_CHECKS)  # every shard run checks its shard

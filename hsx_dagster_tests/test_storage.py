@@ -21,10 +21,10 @@ from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import FP8_DTYPE, FP8_MAX, block_size_for, dequantize, quantize
 from hsx_dagster.core.storage.shard_store import StoreError
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job
 from hsx_dagster_tests.sweeps import sweep
 
-# The dense tiny model (6 layers): storage is about the bytes, and it computes them 2.3x faster than the hybrid.
+# The dense tiny model (6 layers): storage is about the bytes, and it computes them faster than the hybrid.
 LAYERS = (1, 3, 5)
 
 
@@ -83,13 +83,6 @@ def test_block_scales_protect_channels_beside_massive_activations():
 
     assert error_of_others(4096) > 0.10  # one scale per vector
     assert error_of_others(block_size_for(4096)) < 0.045
-
-
-@pytest.fixture(scope="module")
-def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("storage-tok") / "tokenized"
-    tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)
-    return out
 
 
 def make_job(tokenized: Path, out: Path, model: Path, storage_dtype: str, **overrides) -> ShardJob:

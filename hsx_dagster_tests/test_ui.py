@@ -3,7 +3,6 @@ the retry schedule, read through its GraphQL API as the UI reads them."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hsx_dagster_tests.helpers import free_port
+
 pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,12 +20,6 @@ QUERY = """{
   assetNodes { assetKey { path } partitionKeys assetChecksOrError { ... on AssetChecks { checks { name blocking } } } }
   repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name cronSchedule } } } }
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path):

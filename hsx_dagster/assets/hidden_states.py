@@ -120,6 +120,12 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "attention": info.attn_implementation if info else job.extraction.attn_implementation,
         "batch settings": f"batch_size {job.extraction.batch_size}, max_batch_tokens {job.extraction.max_batch_tokens}",
         "chunks": str(len(totals.chunks)),
+        # plain counts that tests and scripts read (stable membership: core/storage/shard_membership.py)
+        "samples_this_run": report.samples,
+        "samples_resumed": report.samples_skipped,
+        "samples_departed": result.departed,  # committed, input gone, kept in chunks that still hold current ones
+        "chunks_reclaimed": result.reclaimed_chunks,  # deleted: none of their samples is in the inputs any more
+        "chunks_redone": result.redone_chunks,  # taken out because their samples' tokens changed
         "path": MetadataValue.path(str(job.output_dir)),
     }
     if shape is not None and shape.mode != "fixed" and report.samples:

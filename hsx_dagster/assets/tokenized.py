@@ -24,10 +24,11 @@ from hsx_dagster.checks import arrow_column_schema, check_result, table_value
 from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype
 from hsx_dagster.core.inputs.checks import check_tokenized
 from hsx_dagster.core.inputs.tokenization import tokenize_dataset
-from hsx_dagster.core.inputs.tokenized import LengthBucket, ShardLoad, TokenizedSummary
+from hsx_dagster.core.inputs.tokenized import LengthBucket, ShardLoad, TokenizedSummary, read_tokenized_shard
 from hsx_dagster.core.regenerate.store import regenerated_input
-from hsx_dagster.core.settings import DatasetSettings
+from hsx_dagster.core.settings import DatasetSettings, Settings
 from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA
+from hsx_dagster.core.storage.shard_membership import shard_work
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
 from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings, resource_fields, validated
@@ -99,6 +100,7 @@ def tokenized_dataset(
         metadata={
             **tokenized_metadata(summary, loaded.tokenized_dir),
             **estimate_metadata(estimate),
+            **shard_work_metadata(loaded),
             "read_from": read_from,
             "input_paths": MetadataValue.json([str(p) for p in paths]),
         }
@@ -156,9 +158,30 @@ def estimate_metadata(estimate: dict[str, dict[str, int]]) -> dict:
 
 
 def shard_table(shards: list[ShardLoad]) -> str:
-    rows = ["| shard | samples | tokens |", "|---|---:|---:|"]
-    rows += [f"| {s.shard} | {s.samples:,} | {s.tokens:,} |" for s in shards]
+    """Per shard: what it holds, and what changed since the previous tokenized dataset (samples keep their shard)."""
+    rows = ["| shard | samples | tokens | added | removed |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {s.shard} | {s.samples:,} | {s.tokens:,} | {s.added:,} | {s.removed:,} |" for s in shards]
     return "\n".join(rows)
+
+
+def shard_work_metadata(loaded: Settings) -> dict:
+    """Which hidden_states shards have work against this tokenized dataset (stale), and how much: samples to
+    extract (and their tokens), and committed samples whose input is gone. Reads each shard's index only."""
+    rows = ["| shard | to extract | tokens | departed |", "|---|---:|---:|---:|"]
+    stale, pending = [], 0
+    for shard in loaded.shard_keys:
+        table = read_tokenized_shard(loaded.tokenized_dir, shard, columns=["sample_id", "num_tokens"])
+        work = shard_work(
+            loaded.shard_dir(shard), table.column("sample_id").to_numpy(), table.column("num_tokens").to_numpy()
+        )
+        stale += [shard] if work.stale else []
+        pending += work.pending
+        rows.append(f"| {shard} | {work.pending:,} | {work.pending_tokens:,} | {work.departed:,} |")
+    return {
+        "stale_shards": MetadataValue.json(stale),
+        "samples_to_extract": pending,
+        "shard_work": MetadataValue.md("\n".join(rows)),
+    }
 
 
 def histogram_table(histogram: list[LengthBucket]) -> str:

@@ -96,6 +96,10 @@ def code_versions(settings: Settings) -> dict[str, str]:
     versions["hidden_states"] = f"v{HIDDEN_STATES_VERSION}-{_short([hidden, versions['tokenized_dataset']])}"
     drafter = {"val_fraction": settings.drafter.val_fraction}
     versions["drafter_dataset"] = f"v{DRAFTER_VERSION}-{_short([drafter, versions['hidden_states']])}"
+    export = settings.export
+    speculators = {"files": export.speculators_files}
+    versions["speculators_dataset"] = f"v1-{_short([speculators, versions['drafter_dataset']])}"
+    versions["specforge_dataset"] = f"v1-{_short([export.specforge_layout, versions['drafter_dataset']])}"
     return versions
 
 

@@ -6,7 +6,10 @@ one; the manifest records the convention so a trainer never has to guess.
 
 Presets:
 - ``eagle3``: ``[1, N // 2 - 1, N - 4]`` (low, middle and high features, as EAGLE-3 uses them);
-- ``dflash-K``: ``K`` ids evenly spaced over ``[1, N - 3]`` (N = 36, K = 5 gives 1, 9, 17, 25, 33).
+- ``dflash-K``: ``K`` ids evenly spaced over ``[1, N - 3]`` (N = 36, K = 5 gives 1, 9, 17, 25, 33);
+- ``speculators``: what speculators' own data generation captures for the model: its default auxiliary layers
+  ``[2, N // 2, N - 3]`` in vLLM's numbering (the *input* of decoder layer k, so our id k - 1) plus the raw output of
+  the last decoder layer (its last slot), i.e. ``[1, N // 2 - 1, N - 4, N - 1]`` here (docs/trainers-speculators.md).
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ def parse_layer_spec(spec: list[int] | str) -> list[int] | tuple[str, int]:
     if isinstance(spec, str):
         if spec == "eagle3":
             return ("eagle3", 3)
+        if spec == "speculators":
+            return ("speculators", 4)
         match = _DFLASH.fullmatch(spec)
         if match and int(match.group(1)) >= 1:
             return ("dflash", int(match.group(1)))
-        raise LayerSpecError(f"unknown layer preset {spec!r}; use a list of ids, 'eagle3' or 'dflash-K' (K >= 1)")
+        raise LayerSpecError(
+            f"unknown layer preset {spec!r}; use a list of ids, 'eagle3', 'speculators' or 'dflash-K' (K >= 1)"
+        )
     if not spec:
         raise LayerSpecError("the list of layer ids is empty")
     seen: set[int] = set()
@@ -58,6 +65,10 @@ def resolve_layers(spec: list[int] | str, num_layers: int) -> list[int]:
         if num_layers < 6:
             raise LayerSpecError(f"'eagle3' needs a model with at least 6 layers; this one has {num_layers}")
         return sorted({1, num_layers // 2 - 1, num_layers - 4})
+    if name == "speculators":
+        if num_layers < 6:
+            raise LayerSpecError(f"'speculators' needs a model with at least 6 layers; this one has {num_layers}")
+        return sorted({1, num_layers // 2 - 1, num_layers - 4, num_layers - 1})
     return dflash_layers(count, num_layers)
 
 

@@ -93,7 +93,8 @@ class ModelSettings(_Section):
     path: Path = Field(description="Local Hugging Face model directory (config, tokenizer, weights)")
     layers: list[int] | str = Field(
         "eagle3",
-        description="List of layer ids, `eagle3` = [1, N//2-1, N-4], or `dflash-K` = K ids evenly over [1, N-3]",
+        description="List of layer ids, `eagle3` = [1, N//2-1, N-4], `dflash-K` = K ids evenly over [1, N-3], or "
+        "`speculators` = [1, N//2-1, N-4, N-1] (what speculators' own data generation captures, last slot included)",
     )
     include_final: bool = Field(False, description="Also store the final-norm output (what the LM head reads)")
     trust_remote_code: bool = Field(False, description="Allow the model directory's own code")
@@ -290,6 +291,32 @@ class RegenerateSettings(_Section):
         return cleaned
 
 
+class ExportSettings(_Section):
+    """`export`: folders the drafter trainers take as their data path (docs/trainers-speculators.md, -specforge.md)."""
+
+    speculators: bool = Field(
+        False,
+        description="Materialize `speculators_dataset` (`output_dir/speculators/`) with the pipeline; selecting the "
+        "asset builds it either way",
+    )
+    speculators_files: bool = Field(
+        False,
+        description="Also write speculators' plain `file` layout (`hidden_states/hs_<row>.safetensors`, a copy of "
+        "every state); without it the states are served from our chunks by the `hsx` hidden-states backend",
+    )
+    specforge: bool = Field(
+        False,
+        description="Materialize `specforge_dataset` (`output_dir/specforge/`, SpecForge's offline `.ckpt` files: "
+        "a copy of the states, the one pickle-based container written, tensors only) with the pipeline",
+    )
+    specforge_layout: Literal["eagle3", "dflash"] = Field(
+        "eagle3",
+        description="SpecForge layout: `eagle3` (`aux_hidden_state` = 3 stored layers, `hidden_state` = the final "
+        "norm's output, needs `model.include_final`) or `dflash` (`hidden_states` = every stored layer, whose ids "
+        "are the draft config's `target_layer_ids`)",
+    )
+
+
 class Settings(BaseSettings):
     """The validated settings. Paths are absolute once loaded through `load_settings`."""
 
@@ -303,12 +330,15 @@ class Settings(BaseSettings):
         1, ge=1, le=4096, description="Number of `hidden_states` partitions (`shard-00`, ...), one run per GPU"
     )
     output_dir: Path = Field(
-        Path("data/out"), description="All outputs: `tokenized/`, `hidden_states/<shard>/`, `drafter/`"
+        Path("data/out"),
+        description="All outputs: `tokenized/`, `hidden_states/<shard>/`, `drafter/` (and `speculators/`, "
+        "`specforge/` when exported)",
     )
     extraction: ExtractionSettings = ExtractionSettings()
     drafter: DrafterSettings = DrafterSettings()
     operations: OperationsSettings = OperationsSettings()
     regenerate: RegenerateSettings = RegenerateSettings()
+    export: ExportSettings = ExportSettings()
 
     # Where the settings came from, for messages and provenance, and what the model's config.json says (read
     # once, by load_settings): not settings keys.
@@ -370,6 +400,14 @@ class Settings(BaseSettings):
     @property
     def regenerated_dir(self) -> Path:
         return self.output_dir / "regenerated"
+
+    @property
+    def speculators_dir(self) -> Path:
+        return self.output_dir / "speculators"
+
+    @property
+    def specforge_dir(self) -> Path:
+        return self.output_dir / "specforge"
 
     def shard_index(self, key: str) -> int:
         """Position of a partition key among the shards; a key that is not one of them is a SettingsError."""

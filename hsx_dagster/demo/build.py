@@ -17,12 +17,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from hsx_dagster.demo.agentic import generate_agentic_conversations, write_agentic
 from hsx_dagster.demo.conversations import (
-    generate_agentic_conversations,
     generate_conversations,
     length_stats,
     training_texts,
-    write_agentic,
     write_openai_jsonl,
     write_sharegpt,
 )

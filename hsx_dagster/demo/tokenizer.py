@@ -23,11 +23,11 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
 LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")

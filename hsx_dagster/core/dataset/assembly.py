@@ -173,8 +173,8 @@ def _check_shards(tokenized_dir: Path, hidden_states_dir: Path, shard_keys: list
     if not_ready:
         listed = ", ".join(f"{shard} ({state})" for shard, state in sorted(not_ready.items()))
         stale = (
-            "; a stale shard was extracted from an earlier tokenized dataset: re-run it with "
-            "extraction.on_mismatch: start_over"
+            "; a stale shard was last run on an earlier tokenized dataset: run it again (it extracts only its "
+            "new samples and drops the ones that left the inputs)"
             if "stale" in not_ready.values()
             else ""
         )
@@ -207,11 +207,15 @@ def _index_shards(
             zip(tokenized.column("sample_id").to_pylist(), tokenized.column("num_loss_tokens").to_pylist())
         )
         records = read_index(folder)
+        samples = tokens = 0
         for record in records:
             with safe_open(str(folder / record.chunk), framework="pt") as chunk:
                 offsets = chunk.get_tensor("offsets").tolist()
                 hidden_size = hidden_size or chunk.get_slice("hidden_states").get_shape()[-1]
             for position, sample_id in enumerate(record.sample_ids):
+                if sample_id not in loss_tokens:
+                    continue  # departed: its input is gone; never indexed or served again
+                samples, tokens = samples + 1, tokens + offsets[position + 1] - offsets[position]
                 columns["sample_id"].append(sample_id)
                 columns["shard"].append(shard)
                 columns["chunk"].append(f"hidden_states/{shard}/{record.chunk}")
@@ -219,16 +223,14 @@ def _index_shards(
                 columns["num_tokens"].append(offsets[position + 1] - offsets[position])
                 columns["num_loss_tokens"].append(loss_tokens[sample_id])
                 columns["split"].append(split_of(sample_id, val_fraction))
-        set_aside = read_quarantine(folder)
+        set_aside = [entry for entry in read_quarantine(folder) if entry.sample_id in loss_tokens]
         for entry in set_aside:
             quarantined["sample_id"].append(entry.sample_id)
             quarantined["shard"].append(shard)
             quarantined["reason"].append(entry.reason)
             quarantined["detail"].append(entry.detail)
         totals = ShardTotals.of(records)
-        shard_stats.append(
-            ShardStats(shard, totals.samples, totals.tokens, totals.bytes, len(totals.chunks), len(set_aside))
-        )
+        shard_stats.append(ShardStats(shard, samples, tokens, totals.bytes, len(totals.chunks), len(set_aside)))
     index = pa.table(columns, schema=DRAFTER_INDEX_SCHEMA).sort_by("sample_id")
     return index, pa.table(quarantined, schema=DRAFTER_QUARANTINE_SCHEMA), shard_stats, hidden_size
 

@@ -23,20 +23,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
+from safetensors import safe_open
 
 from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.storage.format import COMPUTE_DTYPES, DRAFTER_INDEX_FILE, DRAFTER_QUARANTINE_FILE
-from hsx_dagster.core.storage.provenance import ChunkLayout, chunk_header
-from hsx_dagster.core.storage.shard_checks import (
+from hsx_dagster.core.storage.chunk_checks import (
     MAX_LISTED,
     LayerStatistics,
+    TokenizedRows,
     chunk_problems,
-    chunk_rows_mismatching,
+    scanned_chunk_problems,
 )
+from hsx_dagster.core.storage.chunk_scan import ScannedChunk
+from hsx_dagster.core.storage.format import COMPUTE_DTYPES, DRAFTER_INDEX_FILE, DRAFTER_QUARANTINE_FILE
+from hsx_dagster.core.storage.provenance import ChunkLayout, chunk_header
+from hsx_dagster.core.storage.shard_records import read_verified, verified_unchanged
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 
 # Relative L2 error per token allowed by the storage dtype (its rounding), and added when the
@@ -76,11 +80,11 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
     for shard in manifest.shard_keys:
         tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
         expected_total += tokenized.num_rows
-        wanted = {sample_id: row for row, sample_id in enumerate(tokenized.column("sample_id").to_pylist())}
-        missing += [sample_id for sample_id in wanted if sample_id not in counts and sample_id not in quarantined]
+        rows = TokenizedRows(tokenized)
+        missing += [sample_id for sample_id in rows.row_of if sample_id not in counts and sample_id not in quarantined]
         for chunk_name in sorted(c for c in rows_by_chunk if f"/{shard}/" in c):
             positions = dict(rows_by_chunk[chunk_name])
-            mismatched += chunk_rows_mismatching(root / chunk_name, wanted, positions, tokenized)
+            mismatched += rows.mismatching(_small_tensors(root / chunk_name), positions)
     if missing:
         problems.append(f"{len(missing)} tokenized samples are missing (e.g. {sorted(missing)[:MAX_LISTED]})")
     if mismatched:
@@ -108,11 +112,13 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
 
 
 def check_integrity(drafter_dir: Path) -> CheckOutcome:
+    """Every chunk as written: a chunk its shard's checks read whole and that has not changed since (size, mtime;
+    verified.json) is not read again, only its header; every other chunk is read and hashed."""
     manifest = Manifest.read(drafter_dir)
     root = manifest.chunks_dir(drafter_dir)
     layout = ChunkLayout(manifest.layers.stored, manifest.hidden_size, manifest.storage_dtype)
     problems: list[str] = []
-    checked = total_bytes = 0
+    checked = total_bytes = reused = 0
     for shard in manifest.shard_keys:
         folder = root / "hidden_states" / shard
         try:
@@ -120,28 +126,65 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
         except StoreError as exc:  # a garbled index line: the check fails naming it, it does not crash
             problems.append(str(exc))
             continue
+        verified = read_verified(folder)
+        header = chunk_header(shard, manifest.layers.stored, manifest.storage_dtype)
         for record in records:
             path = folder / record.chunk
             checked += 1
+            if verified_unchanged(folder, record, verified):
+                reused += 1
+                problems += scanned_chunk_problems(_header_only(path, record.sha256), record, layout, header)
+                continue
             total_bytes += path.stat().st_size if path.is_file() else 0
-            header = chunk_header(shard, manifest.layers.stored, manifest.storage_dtype)
             problems += chunk_problems(path, record, layout, header)
     return CheckOutcome(
         not problems,
         "; ".join(problems[:MAX_LISTED]) or f"{checked} chunks: checksums, shapes and dtypes as recorded",
-        {"chunks": checked, "bytes_read": total_bytes, "problems": len(problems)},
+        {
+            "chunks": checked,
+            "bytes_read": total_bytes,
+            "chunks_verified_by_shard_checks": reused,
+            "problems": len(problems),
+        },
     )
 
 
 def check_numerics(drafter_dir: Path) -> CheckOutcome:
+    """From the statistics recorded at write time of every chunk the shard checks verified unchanged; other chunks
+    are read."""
     manifest = Manifest.read(drafter_dir)
     root = manifest.chunks_dir(drafter_dir)
     stats = LayerStatistics(manifest.layers.stored)
     for shard in manifest.shard_keys:
         folder = root / "hidden_states" / shard
+        verified = read_verified(folder)
         for record in read_index(folder):
-            stats.add_chunk(folder / record.chunk)
+            if verified_unchanged(folder, record, verified):
+                stats.add(folder / record.chunk, record)
+            else:
+                stats.add_chunk(folder / record.chunk)
     return stats.outcome()
+
+
+def _small_tensors(path: Path) -> dict:
+    """A chunk's ids, masks, offsets and sample ids (memory-mapped reads of those tensors only)."""
+    try:
+        with safe_open(str(path), framework="np") as chunk:
+            return {name: chunk.get_tensor(name) for name in ("input_ids", "loss_mask", "offsets", "sample_ids")}
+    except Exception:  # missing or damaged: every sample of it mismatches; the integrity check says why
+        return {}
+
+
+def _header_only(path: Path, sha256: str) -> ScannedChunk:
+    """What a scan finds in a verified chunk, reading its header and small tensors only."""
+    scanned = ScannedChunk(path, sha256=sha256, size=path.stat().st_size)
+    with safe_open(str(path), framework="np") as chunk:
+        scanned.metadata = chunk.metadata() or {}
+        for name in chunk.keys():  # noqa: SIM118 (not a mapping)
+            view = chunk.get_slice(name)
+            scanned.tensors[name] = (view.get_dtype(), list(view.get_shape()))
+        scanned.small = {name: chunk.get_tensor(name) for name in ("offsets", "sample_ids") if name in scanned.tensors}
+    return scanned
 
 
 def check_parity(

@@ -29,16 +29,21 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from hsx_dagster.core.choices import parse_auto_or_positive
-from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary, ProbeRecord, ProbeRow
+from hsx_dagster.core.extraction.batch_shape_summary import (
+    BatchShapeSummary,
+    ProbeLog,
+    Shape,
+    ShapeTimes,
+    probe_message,
+)
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder
+from hsx_dagster.core.extraction.timing import Lap
 
 log = logging.getLogger(__name__)
 
@@ -57,62 +62,6 @@ WINDOW = 8
 LENGTH_CHANGE = 0.5  # re-probe when the longest sample is this share of the one at the last probe
 SAME_BATCHES = "same batches as the current shape"
 WORST_CASE_LOSS = 0.5  # a step is started only if losing half of the candidate's time still fits the budget
-
-
-@dataclass(frozen=True)
-class Shape:
-    batch_size: int  # most rows
-    max_batch_tokens: int  # most computed tokens (rows x longest row)
-
-    def __str__(self) -> str:
-        return f"{self.max_batch_tokens:,} tokens x {self.batch_size} rows"
-
-
-class Lap:
-    """The device time of one batch: known at once on a CPU, from two CUDA events on a GPU."""
-
-    def __init__(
-        self, seconds: float | None = None, events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-    ) -> None:
-        self._seconds = seconds
-        self._events = events
-
-    def seconds(self, block: bool = True) -> float | None:
-        """Seconds; None when ``block`` is false and the device has not finished the batch yet."""
-        if self._seconds is None and self._events is not None:
-            start, end = self._events
-            if not block and not end.query():
-                return None
-            end.synchronize()
-            self._seconds = start.elapsed_time(end) / 1000
-        return self._seconds
-
-
-@dataclass
-class _Side:
-    batches: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        self.batches += 1
-        self.tokens += tokens
-        self.seconds += seconds
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class _Probe:
-    number: int
-    reason: str
-    started_length: int
-    shapes: dict[Shape, _Side] = field(default_factory=dict)
-    steps: list[dict] = field(default_factory=list)
-    chosen: Shape | None = None
-    ended: str = ""
 
 
 class BatchShaper:
@@ -142,7 +91,7 @@ class BatchShaper:
         self.run_tokens = order.remaining_tokens
         self.cap: int | None = None  # lowered token budget (out of memory, or the GPU's free memory)
         self.cap_reason = ""
-        self.probes: list[_Probe] = []
+        self.probes: list[ProbeLog] = []
         self.overhead_s = 0.0  # the losing sides' time beyond the winner's rate, every probe together
         self.probe_s = 0.0  # device time of every measured probe batch (all of it real work)
         self.probe_batches = 0
@@ -168,7 +117,7 @@ class BatchShaper:
         self._direction = 1
         self._moved = False
         self._switched = False
-        self._sides: dict[str, _Side] = {}
+        self._sides: dict[str, ShapeTimes] = {}
         self._window: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._unresolved: deque[tuple[Lap, int]] = deque()
         self._memory_before = 0
@@ -249,39 +198,13 @@ class BatchShaper:
         return self.cap
 
     def summary(self) -> BatchShapeSummary:
-        table = []
-        for probe in self.probes:
-            best = probe.shapes.get(probe.chosen) if probe.chosen else None
-            for shape, side in sorted(probe.shapes.items(), key=_size):
-                table.append(
-                    ProbeRow(
-                        probe=probe.number,
-                        batch_size=shape.batch_size,
-                        max_batch_tokens=shape.max_batch_tokens,
-                        batches=side.batches,
-                        tokens=side.tokens,
-                        seconds=round(side.seconds, 4),
-                        tokens_per_s=round(side.rate, 1),
-                        vs_chosen=round(side.rate / best.rate, 3) if best and best.rate else None,
-                        chosen=shape == probe.chosen,
-                    )
-                )
+        table = [row for probe in self.probes for row in probe.rows()]
         modes = {"fixed": "fixed", "tokens": "auto" if self.rows is None else "auto max_batch_tokens"}
         return BatchShapeSummary(
             mode=modes.get(self.axis, "auto batch_size"),
             batch_size=self.current.batch_size,
             max_batch_tokens=self.current.max_batch_tokens,
-            probes=tuple(
-                ProbeRecord(
-                    probe=p.number,
-                    reason=p.reason,
-                    longest_tokens=p.started_length,
-                    chosen=str(p.chosen) if p.chosen else None,
-                    ended=p.ended,
-                    steps=tuple(p.steps),
-                )
-                for p in self.probes
-            ),
+            probes=tuple(p.record() for p in self.probes),
             probe_table=tuple(table),
             probe_batches=self.probe_batches,
             probe_s=round(self.probe_s, 4),
@@ -301,7 +224,7 @@ class BatchShaper:
         self.rate = batch.real_tokens / seconds if seconds > 0 else None
         if self.device.type == "cuda" and self.axis == "tokens":
             self._bound_by_free_memory(batch)
-        warmed = _Side()
+        warmed = ShapeTimes()
         if seconds > 0:  # the first batch goes in the table, as the first measurement of the starting shape
             warmed.add(batch.real_tokens, seconds)
         self._start_probe("start of the shard run", warmed=(self._warmup_shape, warmed))
@@ -316,8 +239,8 @@ class BatchShaper:
             self.cap = max(self.values[0], bound)
             self.cap_reason = f"free device memory ({available / 2**30:.1f} GiB, {per_token / 2**10:.0f} KiB/token)"
 
-    def _start_probe(self, reason: str, direction: int = 1, warmed: tuple[Shape, _Side] | None = None) -> None:
-        self.probes.append(_Probe(len(self.probes), reason, self.order.next_length))
+    def _start_probe(self, reason: str, direction: int = 1, warmed: tuple[Shape, ShapeTimes] | None = None) -> None:
+        self.probes.append(ProbeLog(len(self.probes), reason, self.order.next_length))
         if warmed is not None and warmed[1].batches:
             self.probes[-1].shapes[warmed[0]] = warmed[1]
         self._reference_length = self.order.next_length
@@ -343,7 +266,7 @@ class BatchShaper:
                     return
                 self._candidate = candidate
                 self._schedule = ["I"] + ["C"] * self.batches_per_side + ["I"] * (self.batches_per_side - 1)
-                self._sides = {"I": _Side(), "C": _Side()}
+                self._sides = {"I": ShapeTimes(), "C": ShapeTimes()}
                 self.state = "compare"
                 return
             if self._direction == 1 and not self._moved and not self._switched:
@@ -381,7 +304,7 @@ class BatchShaper:
         self.probe_batches += 1
         self._sides[side].add(batch.real_tokens, seconds)
         shape = self.shape(self._candidate if side == "C" else self.index)
-        self.probes[-1].shapes.setdefault(shape, _Side()).add(batch.real_tokens, seconds)
+        self.probes[-1].shapes.setdefault(shape, ShapeTimes()).add(batch.real_tokens, seconds)
         self._schedule.pop(0)
         incumbent, candidate = self._sides["I"], self._sides["C"]
         clear_loss = side == "C" and incumbent.rate and candidate.rate < CLEAR_LOSS * incumbent.rate
@@ -429,13 +352,8 @@ class BatchShaper:
         if probe.number > 0 and not probe.steps:
             self._report(f"{self.shard}: batch shape kept at {self.current}: {probe.reason}, but {why}")
             return
-        table = ", ".join(f"{shape}: {side.rate:,.0f}" for shape, side in sorted(probe.shapes.items(), key=_size))
-        self._report(
-            f"{self.shard}: batch shape probe {probe.number} ({probe.reason}): "
-            f"{table or 'nothing to compare'} tokens/s -> {self.current} ({why}); "
-            f"probing so far {self.probe_s:.2f} s of device time, {self.overhead_s:.2f} s lost to slower shapes "
-            f"(budget {self.budget_s:.2f} s)"
-        )
+        totals = (self.probe_s, self.overhead_s, self.budget_s)
+        self._report(probe_message(self.shard, probe.record(), probe.rows(), *totals))
 
     # --- after the probe: watch for the throughput dropping or the lengths changing ----------------
 
@@ -470,43 +388,3 @@ class BatchShaper:
                 self._skipped_for_budget += 1
             self._reference_length = self.order.next_length
             self.rate = rate or self.rate
-
-
-def _size(item: tuple[Shape, _Side]) -> tuple[int, int]:
-    return item[0].max_batch_tokens, item[0].batch_size
-
-
-class LapTimer:
-    """Device time of each batch's forward pass, and their total: CUDA events on a GPU (read without a
-    synchronisation unless asked), the wall clock on a CPU (synchronised first on Apple's mps)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.laps: list[Lap] = []
-        self.last: Lap | None = None
-
-    def start(self, sync: bool = False):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        if sync and self.device.type == "mps":
-            torch.mps.synchronize()
-        return time.perf_counter()
-
-    def stop(self, started, sync: bool = False) -> Lap:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            lap = Lap(events=(started, end))
-        else:
-            if sync and self.device.type == "mps":
-                torch.mps.synchronize()
-            lap = Lap(seconds=time.perf_counter() - started)
-        self.laps.append(lap)
-        self.last = lap
-        return lap
-
-    def total(self) -> float:
-        return sum(lap.seconds(block=True) or 0.0 for lap in self.laps)

@@ -1,13 +1,15 @@
-"""How a shard run's batch shape was chosen, as a typed record (`BatchShapeSummary`), and its renderings.
+"""How a shard run's batch shape was chosen: what a probe measures while it runs (`Shape`, `ShapeTimes`,
+`ProbeLog`), the typed record made from it (`BatchShapeSummary`), and its renderings.
 
-`BatchShaper.summary` makes it; it travels in the run's `ExtractionReport`, is written into the shard's
-complete.json (``last_run.batch_shape``, `to_dict`) and read back from there (`from_dict`); the Dagster
-metadata and the report show it with `shape_label` and `probe_table_markdown`.
+`BatchShaper` keeps a `ProbeLog` per probe and `BatchShaper.summary` makes the record; it travels in
+the run's `ExtractionReport`, is written into the shard's complete.json (``last_run.batch_shape``,
+`to_dict`) and read back from there (`from_dict`); the Dagster metadata and the report show it with
+`shape_label` and `probe_table_markdown`; `probe_message` is the log line that ends a probe.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -36,6 +38,73 @@ class ProbeRecord:
     chosen: str | None
     ended: str
     steps: tuple[dict[str, Any], ...]  # each comparison: incumbent, candidate, their rates and the result
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch_size: int  # most rows
+    max_batch_tokens: int  # most computed tokens (rows x longest row)
+
+    def __str__(self) -> str:
+        return f"{self.max_batch_tokens:,} tokens x {self.batch_size} rows"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Sort key: the token budget first, then the rows."""
+        return self.max_batch_tokens, self.batch_size
+
+
+@dataclass
+class ShapeTimes:
+    """Batches, real tokens and device seconds one shape took (in a comparison, or over a probe)."""
+
+    batches: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.batches += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class ProbeLog:
+    """One probe as it runs: every shape it timed, each comparison step, and what it chose."""
+
+    number: int
+    reason: str
+    started_length: int
+    shapes: dict[Shape, ShapeTimes] = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
+    chosen: Shape | None = None
+    ended: str = ""
+
+    def rows(self) -> list[ProbeRow]:
+        """The probe's shapes, smallest first, as rows of the summary's probe table."""
+        best = self.shapes.get(self.chosen) if self.chosen else None
+        return [
+            ProbeRow(
+                probe=self.number,
+                batch_size=shape.batch_size,
+                max_batch_tokens=shape.max_batch_tokens,
+                batches=times.batches,
+                tokens=times.tokens,
+                seconds=round(times.seconds, 4),
+                tokens_per_s=round(times.rate, 1),
+                vs_chosen=round(times.rate / best.rate, 3) if best and best.rate else None,
+                chosen=shape == self.chosen,
+            )
+            for shape, times in sorted(self.shapes.items(), key=lambda item: item[0].size)
+        ]
+
+    def record(self) -> ProbeRecord:
+        chosen = str(self.chosen) if self.chosen else None
+        return ProbeRecord(self.number, self.reason, self.started_length, chosen, self.ended, tuple(self.steps))
 
 
 @dataclass(frozen=True)
@@ -105,3 +174,18 @@ def probe_table_markdown(summary: BatchShapeSummary | None) -> str:
     if summary.token_cap:
         lines.append(f"- token budget capped at {summary.token_cap:,}: {summary.token_cap_reason}")
     return "\n".join(lines)
+
+
+def probe_message(
+    shard: str, probe: ProbeRecord, rows: list[ProbeRow], probe_s: float, overhead_s: float, budget_s: float
+) -> str:
+    """The log line that ends a probe: each shape's tokens/s, the choice and what probing has cost so far."""
+    table = ", ".join(
+        f"{row.max_batch_tokens:,} tokens x {row.batch_size} rows: {row.tokens_per_s:,.0f}" for row in rows
+    )
+    return (
+        f"{shard}: batch shape probe {probe.probe} ({probe.reason}): "
+        f"{table or 'nothing to compare'} tokens/s -> {probe.chosen} ({probe.ended}); "
+        f"probing so far {probe_s:.2f} s of device time, {overhead_s:.2f} s lost to slower shapes "
+        f"(budget {budget_s:.2f} s)"
+    )

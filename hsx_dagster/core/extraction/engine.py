@@ -27,10 +27,11 @@ import pyarrow as pa
 import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, LapTimer, Shape
+from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, Shape
 from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
 from hsx_dagster.core.extraction.progress import Progress
+from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
@@ -133,13 +134,11 @@ def extract_shard(
     ``probe_budget``: the share of the run the batch shape probes may cost. ``on_progress`` gets a `Progress`
     after every batch, in place of the progress line logged every ``progress_every_s``. Returns what
     this run did."""
-    report = progress or log.info
-    started = time.perf_counter()
+    report, started = progress or log.info, time.perf_counter()
     device = next(backbone.model.parameters()).device
     storage_dtype = STORAGE_DTYPES[extraction.storage_dtype]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
     all_ids = samples.column("sample_id").to_numpy()
     todo = np.flatnonzero(store.pending_mask(all_ids) if pending is None else pending)
     lengths = samples.column("num_tokens").to_numpy()[todo].astype(np.int64)
@@ -147,7 +146,6 @@ def extract_shard(
     loss_mask = samples.column("loss_mask").combine_chunks()
     if len(todo) < len(all_ids):
         report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
-
     order = LengthOrder(lengths)
     shaper = BatchShaper(
         extraction.batch_size,
@@ -160,14 +158,9 @@ def extract_shard(
     )
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
-    writer = ChunkWriter(
-        store,
-        extraction.chunk_bytes,
-        metadata,
-        nan_policy=extraction.nan_policy,
-        slot_names=backbone.info.layers.slot_names,
-    )
-    extracted = tokens = computed = batches = oom_splits = 0
+    slots = backbone.info.layers.slot_names
+    writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
+    counts = _Counts()
     last_report = started
     tokens_total = int(lengths.sum())
     try:
@@ -184,22 +177,9 @@ def extract_shard(
                     backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, pad_token_id, timer, measured
                 )
             except Exception as error:  # only out-of-memory is recoverable here
-                if not is_out_of_memory(error):
-                    raise
-                if len(batch.rows) == 1:
-                    raise RuntimeError(
-                        f"{shard}: out of memory on a single sample of {batch.longest} tokens; "
-                        "lower dataset.max_length or use a device with more memory"
-                    ) from error
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                oom_splits += 1
-                budget = shaper.out_of_memory(batch, shape or Shape(len(batch.rows), batch.computed_tokens))
-                retry.extendleft(reversed(_split(batch, lengths, budget)))
-                report(
-                    f"{shard}: out of memory on a batch of {len(batch.rows)} rows x {batch.longest} tokens; "
-                    f"split it and lowered max_batch_tokens to {budget} for the rest of the run"
-                )
+                pieces = _split_after_out_of_memory(error, shard, batch, shape, shaper, lengths, device, report)
+                retry.extendleft(reversed(pieces))
+                counts.oom_splits += 1
                 continue
             if shape is None:
                 shaper.record_unplanned()
@@ -207,15 +187,12 @@ def extract_shard(
                 assert timer.last is not None
                 shaper.record(batch, timer.last)
             writer.submit(host)
-            extracted += len(rows)
-            tokens += batch.real_tokens
-            computed += batch.computed_tokens
-            batches += 1
+            counts.add(len(rows), batch)
             now = time.perf_counter()
             if on_progress is not None or now - last_report >= progress_every_s:
                 where = Progress(
-                    shard, extracted, len(todo), tokens, tokens_total, writer.bytes_written, now - started,
-                    timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
+                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
+                    now - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
                 )  # fmt: skip
                 if on_progress is not None:  # after every batch: the caller decides how often to show it
                     on_progress(where)
@@ -225,20 +202,51 @@ def extract_shard(
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
-    elapsed = time.perf_counter() - started
+    return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
+
+
+@dataclass
+class _Counts:
+    """What a run has extracted so far."""
+
+    samples: int = 0
+    tokens: int = 0  # real tokens
+    computed: int = 0  # tokens the forward passes computed, padding included
+    batches: int = 0
+    oom_splits: int = 0
+
+    def add(self, samples: int, batch: Batch) -> None:
+        self.samples += samples
+        self.tokens += batch.real_tokens
+        self.computed += batch.computed_tokens
+        self.batches += 1
+
+
+def _report_of(
+    shard: str,
+    total: int,
+    todo: int,
+    counts: _Counts,
+    writer: ChunkWriter,
+    chunks: list,
+    timer: LapTimer,
+    shaper: BatchShaper,
+    device: torch.device,
+    started: float,
+) -> ExtractionReport:
     return ExtractionReport(
         shard=shard,
-        samples_total=len(all_ids),
-        samples_skipped=len(all_ids) - len(todo),
-        samples=extracted,
-        tokens=tokens,
-        computed_tokens=computed,
-        batches=batches,
+        samples_total=total,
+        samples_skipped=total - todo,
+        samples=counts.samples,
+        tokens=counts.tokens,
+        computed_tokens=counts.computed,
+        batches=counts.batches,
         chunks=[record.chunk for record in chunks],
         bytes_written=writer.bytes_written,
-        elapsed_s=elapsed,
+        elapsed_s=time.perf_counter() - started,
         forward_s=timer.total(),
-        oom_splits=oom_splits,
+        oom_splits=counts.oom_splits,
         final_max_batch_tokens=shaper.current.max_batch_tokens,
         peak_memory_bytes=_peak_memory(device),
         device=str(device),
@@ -246,6 +254,35 @@ def extract_shard(
         final_batch_size=shaper.current.batch_size,
         batch_shape=shaper.summary(),
     )
+
+
+def _split_after_out_of_memory(
+    error: Exception,
+    shard: str,
+    batch: Batch,
+    shape: Shape | None,
+    shaper: BatchShaper,
+    lengths: np.ndarray,
+    device: torch.device,
+    report: Callable[[str], None],
+) -> list[Batch]:
+    """The pieces to run instead of a batch that raised ``error``, under the token budget the shaper lowers;
+    any other error, or a single sample that does not fit, is raised."""
+    if not is_out_of_memory(error):
+        raise error
+    if len(batch.rows) == 1:
+        raise RuntimeError(
+            f"{shard}: out of memory on a single sample of {batch.longest} tokens; "
+            "lower dataset.max_length or use a device with more memory"
+        ) from error
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    budget = shaper.out_of_memory(batch, shape or Shape(len(batch.rows), batch.computed_tokens))
+    report(
+        f"{shard}: out of memory on a batch of {len(batch.rows)} rows x {batch.longest} tokens; "
+        f"split it and lowered max_batch_tokens to {budget} for the rest of the run"
+    )
+    return _split(batch, lengths, budget)
 
 
 def _run_batch(

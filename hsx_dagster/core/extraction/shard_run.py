@@ -24,13 +24,16 @@ from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_di
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
 from hsx_dagster.core.model_info import ModelInfo, check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings, ModelSettings, Settings
+from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
     COMPUTE_DTYPES,
     STORAGE_DTYPES,
     dtype_name,
 )
+from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING
 from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage.shard_membership import chunks_with_changed_tokens
 from hsx_dagster.core.storage.shard_store import ShardStore, ShardTotals, read_quarantine, shard_totals
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,10 @@ class ShardResult:
     compute_dtype: str
     totals: ShardTotals  # over every committed chunk of the shard, this run's and earlier ones
     quarantined: int  # samples of the shard set aside with a reason, by this run and earlier ones
+    current: int = 0  # committed samples that are among the shard's tokenized samples (what the dataset serves)
+    departed: int = 0  # committed samples no longer in the inputs (kept in chunks that still hold current ones)
+    reclaimed_chunks: int = 0  # chunks deleted by this run: none of their samples is in the inputs any more
+    redone_chunks: int = 0  # chunks taken out by this run because their samples' tokens changed (start_over)
 
 
 def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -132,15 +139,16 @@ def _run_on_device(
     )
     with ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=report) as store:
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
+        changes = _follow_the_inputs(job, store, table, report)
         todo = store.pending_mask(table.column("sample_id").to_numpy())
         _check_disk_space(job, model, table, todo)
         if not todo.any():
             report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
-            return _finish(
-                job, table, store, provenance, ExtractionReport.nothing_to_do(job.shard, table.num_rows, device), None
-            )
+            nothing = ExtractionReport.nothing_to_do(job.shard, table.num_rows, device)
+            return _finish(job, table, store, provenance, nothing, None, changes)
         report(
-            f"{job.shard}: {table.num_rows} samples on {device} ({provenance.compute_dtype} compute, "
+            f"{job.shard}: {int(todo.sum())} of {table.num_rows} samples to extract on {device} "
+            f"({provenance.compute_dtype} compute, "
             f"{extraction.storage_dtype} storage), layers {list(job.layer_ids)}"
         )
         backbone = load_backbone(
@@ -168,7 +176,30 @@ def _run_on_device(
             )
         finally:
             backbone.close()
-        return _finish(job, table, store, provenance, result, backbone.info)
+        return _finish(job, table, store, provenance, result, backbone.info, changes)
+
+
+def _follow_the_inputs(job: ShardJob, store: ShardStore, table: pa.Table, report: Callable[[str], None]) -> dict:
+    """Before anything is extracted: delete the chunks holding only samples that left the inputs, and refuse
+    (or with start_over, take out) chunks whose samples were tokenized differently since."""
+    current = table.column("sample_id").to_numpy()
+    reclaimed = store.reclaim(current)
+    if reclaimed:
+        samples = sum(record.samples for record in reclaimed)
+        report(f"{job.shard}: deleted {len(reclaimed)} chunks whose {samples} samples all left the inputs")
+    changed = chunks_with_changed_tokens(job.output_dir, store.records, table)
+    if changed and job.extraction.on_mismatch != "start_over":
+        samples = sum(count for _, count in changed)
+        raise StoreError(
+            f"{job.output_dir}: {samples} committed samples in {len(changed)} chunks were tokenized differently "
+            f"(tokenized_sha256: {PROVENANCE_MEANING['tokenized_sha256']}; their token ids or loss masks differ "
+            "from the tokenized ones). Refusing to mix them. To re-extract those chunks, set "
+            "extraction.on_mismatch: start_over"
+        )
+    store.remove([(record, "tokens_changed", f"{count} samples tokenized differently") for record, count in changed])
+    if changed:
+        report(f"{job.shard}: {len(changed)} chunks tokenized differently since were taken out; re-extracting them")
+    return {"reclaimed_chunks": len(reclaimed), "redone_chunks": len(changed)}
 
 
 def _finish(
@@ -178,22 +209,29 @@ def _finish(
     provenance: ShardProvenance,
     result: ExtractionReport,
     info: BackboneInfo | None,
+    changes: dict,
 ) -> ShardResult:
     totals = shard_totals(job.output_dir)
-    quarantined = len(read_quarantine(job.output_dir))
-    if totals.samples + quarantined != table.num_rows:
+    current_ids = np.asarray(table.column("sample_id").to_numpy(), dtype=np.int64)
+    committed = np.fromiter((i for r in store.records for i in r.sample_ids), dtype=np.int64)
+    current = int(np.isin(committed, current_ids).sum())
+    quarantined = int(np.isin([q.sample_id for q in read_quarantine(job.output_dir)], current_ids).sum())
+    if current + quarantined != table.num_rows:
         raise RuntimeError(
-            f"{job.shard}: {totals.samples} samples committed and {quarantined} quarantined, expected {table.num_rows}"
+            f"{job.shard}: {current} samples committed and {quarantined} quarantined, expected {table.num_rows}"
         )
+    departed = len(committed) - current
     store.mark_complete(
         {
             **totals.to_dict(),
+            "current_samples": current,
+            "departed_samples": departed,
             "quarantined": quarantined,
             "provenance": provenance.to_dict(),
-            "last_run": result.to_dict(),
+            "last_run": {**result.to_dict(), **changes},
         }
     )
-    return ShardResult(result, info, provenance.compute_dtype, totals, quarantined)
+    return ShardResult(result, info, provenance.compute_dtype, totals, quarantined, current, departed, **changes)
 
 
 def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> None:

@@ -187,33 +187,23 @@ def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thin
     (``reasoning_content`` and inline ``<think>``) from every assistant turn before rendering;
     'exclude_from_loss' renders it but leaves it out of the loss.
     """
-    messages = conversation.messages
-    for position, message in enumerate(messages):
-        for field, value in message.texts():
-            for control in markers.control_strings:
-                if control in value:
-                    where = "" if field == "content" else f" in {field}"
-                    raise SampleRejected(
-                        RejectReason.CONTROL_TOKEN_IN_CONTENT,
-                        f"message {position} ({message.role}) contains the chat-template control text "
-                        f"{control!r}{where}",
-                    )
     tools = conversation.chat_tools()
-    if tools:
-        schema = json.dumps(tools, ensure_ascii=False, default=str)
-        for control in markers.control_strings:
-            if control in schema:
-                raise SampleRejected(
-                    RejectReason.CONTROL_TOKEN_IN_CONTENT,
-                    f"the tools contain the chat-template control text {control!r}",
-                )
+    _refuse_control_text(conversation, tools, markers)
     chat = chat_messages(conversation, markers, thinking)
     try:
         text = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False)
     except Exception as exc:  # a template may raise on shapes it does not support (e.g. role order)
         raise SampleRejected(RejectReason.TEMPLATE_ERROR, f"chat template failed: {exc}") from None
 
-    expected = sum(1 for m in messages if m.role == "assistant")
+    return RenderedConversation(text, _assistant_spans(text, conversation, markers, thinking))
+
+
+def _assistant_spans(
+    text: str, conversation: Conversation, markers: TemplateMarkers, thinking: str
+) -> list[tuple[int, int]]:
+    """The characters of each assistant turn in the rendered ``text``, header excluded, end of turn included
+    (without a leading reasoning block when ``thinking`` is 'exclude_from_loss')."""
+    expected = sum(1 for m in conversation.messages if m.role == "assistant")
     headers = [match.start() for match in re.finditer(re.escape(markers.assistant_header), text)]
     if len(headers) != expected:
         raise SampleRejected(
@@ -232,7 +222,29 @@ def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thin
             spans.extend(_without_reasoning(text, start, end))
         else:
             spans.append((start, end))
-    return RenderedConversation(text, spans)
+    return spans
+
+
+def _refuse_control_text(conversation: Conversation, tools: list | None, markers: TemplateMarkers) -> None:
+    """Reject a sample whose messages or tool schemas contain the template's control text (it would forge turns)."""
+    for position, message in enumerate(conversation.messages):
+        for field, value in message.texts():
+            for control in markers.control_strings:
+                if control in value:
+                    where = "" if field == "content" else f" in {field}"
+                    raise SampleRejected(
+                        RejectReason.CONTROL_TOKEN_IN_CONTENT,
+                        f"message {position} ({message.role}) contains the chat-template control text "
+                        f"{control!r}{where}",
+                    )
+    if tools:
+        schema = json.dumps(tools, ensure_ascii=False, default=str)
+        for control in markers.control_strings:
+            if control in schema:
+                raise SampleRejected(
+                    RejectReason.CONTROL_TOKEN_IN_CONTENT,
+                    f"the tools contain the chat-template control text {control!r}",
+                )
 
 
 def _without_reasoning(text: str, start: int, end: int) -> list[tuple[int, int]]:

@@ -35,13 +35,14 @@ from hsx_dagster.core.inputs.sample_tables import (
     sample_table,
     write_shards,
 )
-from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, shard_loads
+from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, previous_shards, shard_loads
 from hsx_dagster.core.inputs.tokenized import (
     InputFile,
     ShardLoad,
     TokenizedDataError,
     TokenizedSummary,
     length_histogram,
+    read_membership,
 )
 from hsx_dagster.core.inputs.tokenizer import load_tokenizer, previous_tokenizer, tokenizer_change, tokenizer_provenance
 from hsx_dagster.core.inputs.workers import Outcome, RecordProcessor, Refused, resolve_workers, tokenizer_threads_off
@@ -79,6 +80,7 @@ def tokenize_dataset(
     markers = TemplateMarkers.probe(tokenizer, name=f"tokenizer at {model.path}")
     provenance = tokenizer_provenance(tokenizer, model.path)
     previous = previous_tokenizer(out_dir)
+    membership = read_membership(out_dir)  # samples keep their shard (stable membership, sharding.py)
     changed = tokenizer_change(previous, provenance)
     if changed:
         report(
@@ -93,7 +95,8 @@ def tokenize_dataset(
         first_pass = _FirstPass(paths, dataset.min_loss_tokens)
         first_pass.run(staging_dir, tokenizer, markers, dataset, model, _Progress(report, started))
         keys = shard_keys(shards)
-        assignment = assign_shards(first_pass.num_tokens, first_pass.sample_ids, shards)
+        assignment = assign_shards(first_pass.num_tokens, first_pass.sample_ids, shards, membership)
+        added, removed = _membership_changes(first_pass.sample_ids, assignment, membership, shards)
         write_shards(staging_dir / "staging.parquet", staging_dir / TOKENIZED_SAMPLES_DIR, assignment, keys)
         (staging_dir / "staging.parquet").unlink()
         loads = shard_loads(first_pass.num_tokens, assignment, shards)
@@ -106,7 +109,10 @@ def tokenize_dataset(
             loss_tokens=first_pass.loss_tokens,
             truncated=first_pass.truncated,
             rejects=dict(sorted(first_pass.rejects.items())),
-            shards=[ShardLoad(k, int(c), int(t)) for k, c, t in zip(keys, counts, loads)],
+            shards=[
+                ShardLoad(k, int(c), int(t), int(a), int(r))
+                for k, c, t, a, r in zip(keys, counts, loads, added, removed)
+            ],
             imbalance=round(imbalance(loads), 6),
             histogram=length_histogram(first_pass.num_tokens),
             inputs=[InputFile(path=p, format=formats[p], **first_pass.per_input[p]) for p in map(str, paths)],
@@ -135,6 +141,22 @@ def tokenize_dataset(
         raise
     _report_done(summary, shards, report)
     return summary
+
+
+def _membership_changes(
+    sample_ids: Sequence[int], assignment: np.ndarray, membership: tuple[np.ndarray, np.ndarray] | None, shards: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard: samples new to it, and samples it held in the previous tokenized dataset that are gone."""
+    ids = np.asarray(sample_ids, dtype=np.int64)
+    if membership is None:
+        return np.bincount(assignment, minlength=shards), np.zeros(shards, dtype=np.int64)
+    known_ids, known_shards = membership
+    before = previous_shards(ids, known_ids, known_shards)
+    added = np.bincount(assignment[before != assignment], minlength=shards)[:shards]
+    after = previous_shards(known_ids, ids, assignment)
+    left = known_shards[(after != known_shards)]
+    removed = np.bincount(left, minlength=shards)[:shards]
+    return added, removed
 
 
 def _options(dataset: DatasetSettings, model: ModelSettings, shards: int) -> dict:

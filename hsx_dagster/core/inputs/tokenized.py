@@ -38,6 +38,8 @@ class ShardLoad:
     shard: str
     samples: int
     tokens: int
+    added: int = 0  # samples new to the shard since the previous tokenized dataset
+    removed: int = 0  # samples of the shard in the previous tokenized dataset that are gone from the inputs
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,20 @@ def tokenized_digest(table: pa.Table) -> str:
             digest.update(chunk.values.to_numpy(zero_copy_only=False).astype(dtype).tobytes())
             digest.update(np.diff(chunk.offsets.to_numpy()).astype(np.int64).tobytes())
     return digest.hexdigest()
+
+
+def read_membership(tokenized_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """The shard assignment of a tokenized dataset: (sample ids, shard indices); None when there is none."""
+    keys = tokenized_shard_keys(tokenized_dir)
+    if not keys:
+        return None
+    ids, shards = [], []
+    for index, key in enumerate(keys):
+        path = tokenized_shard_file(tokenized_dir, key)
+        column = pq.read_table(path, columns=["sample_id"]).column("sample_id").to_numpy() if path.is_file() else []
+        ids.append(np.asarray(column, dtype=np.int64))
+        shards.append(np.full(len(column), index, dtype=np.int32))
+    return np.concatenate(ids), np.concatenate(shards)
 
 
 def tokenized_shard_keys(tokenized_dir: Path) -> list[str]:

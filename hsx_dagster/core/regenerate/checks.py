@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +28,9 @@ def check_regenerated(regenerated_dir: Path, input_paths: Sequence[Path]) -> Che
     for name in (CONVERSATIONS_FILE, FAILURES_FILE):
         if not (root / name).is_file():
             return CheckOutcome(False, f"{root / name} is missing; materialize regenerated_conversations")
-    conversations: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    repeated: Counter = Counter()
-    for record in read_jsonl(root / CONVERSATIONS_FILE):
-        if record["id"] in conversations:
-            repeated[record["id"]] += 1
-        conversations[record["id"]] = record
-    failures_at: Counter = Counter()
-    failed_ids: Counter = Counter()
-    reasons: Counter = Counter()
-    for record in read_jsonl(root / FAILURES_FILE):
-        failures_at[(record["source"], record["source_index"])] += 1
-        reasons[record["reason"]] += 1
-        if record["reason"] not in ("duplicate", "input_rejected"):
-            failed_ids[record["id"]] += 1
-        if not record.get("reason") or not record.get("detail"):
-            problems.append(f"{record['source']} {record.get('location')}: failure without reason or detail")
-    problems += [f"conversation {cid} written {n + 1} times" for cid, n in repeated.items()]
+    conversations, repeated = _read_conversations(root / CONVERSATIONS_FILE)
+    failures = _Failures.read(root / FAILURES_FILE)
+    problems = failures.problems + [f"conversation {cid} written {n + 1} times" for cid, n in repeated.items()]
 
     inputs = 0
     unaccounted: list[str] = []
@@ -55,28 +41,16 @@ def check_regenerated(regenerated_dir: Path, input_paths: Sequence[Path]) -> Che
         inputs += 1
         where = (item.source, item.source_index)
         if isinstance(item, Reject) or item.id in seen_ids:
-            if failures_at[where] != 1:
-                (unaccounted if failures_at[where] == 0 else twice).append(f"{item.source} {item.location}")
+            if failures.at[where] != 1:
+                (unaccounted if failures.at[where] == 0 else twice).append(f"{item.source} {item.location}")
             continue
         seen_ids.add(item.id)
-        count = (item.id in conversations) + failed_ids[item.id]
+        count = (item.id in conversations) + failures.ids[item.id]
         if count != 1:
             (unaccounted if count == 0 else twice).append(f"{item.source} {item.location} (id {item.id})")
-            continue
-        if item.id not in conversations:
-            continue
-        messages = conversations[item.id]["messages"]
-        if len(messages) != len(item.messages) or [m["role"] for m in messages] != [m["role"] for m in item.messages]:
-            altered.append(f"{item.source} {item.location}: turns added, removed or reordered")
-            continue
-        for position, (out, original) in enumerate(zip(messages, item.messages)):
-            if original["role"] != "assistant" and _canonical(out) != _canonical(original):
-                altered.append(f"{item.source} {item.location}: messages[{position}] ({original['role']}) differs")
-                break
-            answered = position + 1 < len(messages) and messages[position + 1]["role"] == "tool"
-            if answered and out.get("tool_calls") != original.get("tool_calls"):
-                altered.append(f"{item.source} {item.location}: messages[{position}] lost its original tool calls")
-                break
+        elif item.id in conversations and (change := _alteration(conversations[item.id]["messages"], item.messages)):
+            altered.append(f"{item.source} {item.location}: {change}")
+    reasons = failures.reasons
     extra = sorted(set(conversations) - seen_ids)
     problems += [f"not an input conversation: {cid}" for cid in extra[:SHOWN]]
     problems += [f"not accounted for: {x}" for x in unaccounted[:SHOWN]]
@@ -100,3 +74,53 @@ def check_regenerated(regenerated_dir: Path, input_paths: Sequence[Path]) -> Che
         "each exactly once, system/user/tool turns identical to the input",
         metadata,
     )
+
+
+def _read_conversations(path: Path) -> tuple[dict[str, dict[str, Any]], Counter]:
+    """The regenerated conversations by id (the last one written of an id), and how often each id came again."""
+    conversations: dict[str, dict[str, Any]] = {}
+    repeated: Counter = Counter()
+    for record in read_jsonl(path):
+        if record["id"] in conversations:
+            repeated[record["id"]] += 1
+        conversations[record["id"]] = record
+    return conversations, repeated
+
+
+@dataclass
+class _Failures:
+    """The failure records: how many name each input place and each conversation id, by reason, and the
+    records that lack a reason or a detail."""
+
+    at: Counter  # (source, source_index) -> records
+    ids: Counter  # conversation id -> records of a failed regeneration (not duplicates or rejected inputs)
+    reasons: Counter
+    problems: list[str]
+
+    @classmethod
+    def read(cls, path: Path) -> _Failures:
+        failures = cls(Counter(), Counter(), Counter(), [])
+        for record in read_jsonl(path):
+            failures.at[(record["source"], record["source_index"])] += 1
+            failures.reasons[record["reason"]] += 1
+            if record["reason"] not in ("duplicate", "input_rejected"):
+                failures.ids[record["id"]] += 1
+            if not record.get("reason") or not record.get("detail"):
+                failures.problems.append(
+                    f"{record['source']} {record.get('location')}: failure without reason or detail"
+                )
+        return failures
+
+
+def _alteration(messages: list[dict[str, Any]], originals: Sequence[dict[str, Any]]) -> str | None:
+    """What regeneration changed beyond the assistant turns' text, or None: turns added, removed or reordered,
+    another turn's content, or the tool calls of a turn the next tool turn answers."""
+    if len(messages) != len(originals) or [m["role"] for m in messages] != [m["role"] for m in originals]:
+        return "turns added, removed or reordered"
+    for position, (out, original) in enumerate(zip(messages, originals)):
+        if original["role"] != "assistant" and _canonical(out) != _canonical(original):
+            return f"messages[{position}] ({original['role']}) differs"
+        answered = position + 1 < len(messages) and messages[position + 1]["role"] == "tool"
+        if answered and out.get("tool_calls") != original.get("tool_calls"):
+            return f"messages[{position}] lost its original tool calls"
+    return None

@@ -14,6 +14,7 @@ import torch
 
 from hsx_dagster.core.choices import NanPolicy
 from hsx_dagster.core.storage.atomic import StoreError
+from hsx_dagster.core.storage.chunk_stats import chunk_statistics
 from hsx_dagster.core.storage.shard_store import ChunkRecord, QuarantineRecord, ShardStore
 
 NAN_POLICIES: tuple[str, ...] = typing.get_args(NanPolicy)
@@ -184,6 +185,8 @@ class ChunkWriter:
         tensors = {name: torch.cat([b.tensors[name] for b in batches]) for name in batches[0].tensors}
         tensors["offsets"] = offsets
         tensors["sample_ids"] = torch.tensor(sample_ids, dtype=torch.int64)
-        record = self.store.commit(tensors, sample_ids, self.metadata)
+        # computed here, once, while the states are in memory: the numerics checks add these up (chunk_stats.py)
+        stats = chunk_statistics(tensors, offsets, sample_ids)
+        record = self.store.commit(tensors, sample_ids, self.metadata, stats)
         self.bytes_written += record.bytes
         self.committed.append(record)

@@ -13,6 +13,9 @@ Everything the pipeline writes is Parquet, JSON, JSON lines or safetensors (neve
         shard.json                    provenance: what the shard was made from (HIDDEN_STATES_FORMAT)
         complete.json                 written once every sample of the shard is committed
         shard.lock                    held by the one run writing the shard
+        removed_chunks.jsonl          chunks taken out of the index: damaged (moved to set_aside/) or holding
+                                      no current sample (deleted), with the reason
+        verified.json                 chunks the shard checks read whole, with the size and mtime they had
     <output_dir>/drafter/
         index.parquet                 DRAFTER_INDEX_SCHEMA: one row per sample, where its tensors are
         quarantine.parquet            DRAFTER_QUARANTINE_SCHEMA
@@ -99,6 +102,9 @@ SHARD_QUARANTINE_FILE = "quarantine.jsonl"
 SHARD_FILE = "shard.json"
 COMPLETE_FILE = "complete.json"
 LOCK_FILE = "shard.lock"
+REMOVED_CHUNKS_FILE = "removed_chunks.jsonl"  # chunks taken out of the index, with the reason (chunk_removal.py)
+SET_ASIDE_DIR = "set_aside"  # damaged chunks, moved here rather than deleted
+VERIFIED_FILE = "verified.json"  # chunks the shard checks read and found whole: sha256, size, mtime (not re-read)
 CHUNK_PATTERN = "chunk-{:06d}.safetensors"
 # Tensors of a chunk: per token input_ids int32 [T], loss_mask uint8 [T], hidden_states [T, L, H],
 # final_hidden_states [T, H] (optional), <state>_scales (fp8 only); per sample offsets int64 [n + 1]
@@ -109,6 +115,12 @@ SCALES_SUFFIX = "_scales"
 
 def is_chunk_file(name: str) -> bool:
     return name.startswith("chunk-")
+
+
+def chunk_number(name: str) -> int:
+    """The number in a chunk's name (``chunk-000012.safetensors`` -> 12); -1 for another name."""
+    digits = name.removeprefix("chunk-").split(".", 1)[0]
+    return int(digits) if digits.isdigit() else -1
 
 
 def is_temporary_file(name: str) -> bool:

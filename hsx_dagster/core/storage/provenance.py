@@ -98,9 +98,10 @@ class ChunkLayout:
 
 
 # Keys that describe the shard without defining its content (the model's description is derived from its
-# config, whose hash is compared; a preset resolves to the layer ids, which are compared): a change is recorded
-# in shard.json, never refused.
-DESCRIPTIVE_KEYS = frozenset({"layer_preset", "model"})
+# config, whose hash is compared; a preset resolves to the layer ids, which are compared; the tokenized samples
+# change as the inputs grow or shrink, and each committed sample's tokens are compared on their own by the shard
+# run, shard_membership.py): a change is recorded in shard.json, never refused.
+DESCRIPTIVE_KEYS = frozenset({"layer_preset", "model", "tokenized_sha256"})
 # Keys every shard of one dataset shares (the assembly refuses shards that differ in one).
 DATASET_KEYS = ("config_sha256", "weights_index_sha256", "layer_ids", "include_final", "storage_dtype", "compute_dtype")
 # What a changed key means, for the message that refuses to mix.
@@ -129,7 +130,7 @@ class ShardProvenance:
     include_final: bool
     storage_dtype: str
     compute_dtype: str
-    tokenized_sha256: str  # the shard's tokenized samples (ids, tokens, masks) the states were made from
+    tokenized_sha256: str  # the shard's tokenized samples (ids, tokens, masks) at its last run (descriptive)
     layer_preset: str | None = None  # eagle3, dflash-K; None for an explicit list (or a shard written before)
     model: dict[str, Any] | None = None  # the text model's description (ModelInfo.describe()); None before
     format: str = HIDDEN_STATES_FORMAT

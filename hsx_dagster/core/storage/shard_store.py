@@ -15,49 +15,52 @@ import json
 import logging
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import save as safetensors_bytes
 
 from hsx_dagster.core.choices import OnMismatch
-from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, read_lines, write_atomic
+from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, write_atomic
+from hsx_dagster.core.storage.chunk_removal import NO_CURRENT_SAMPLES, finish_removals, read_removed, remove_chunks
 from hsx_dagster.core.storage.files import FileLock
 from hsx_dagster.core.storage.format import (
     CHUNK_PATTERN,
     COMPLETE_FILE,
     LOCK_FILE,
+    REMOVED_CHUNKS_FILE,
     SHARD_FILE,
     SHARD_INDEX_FILE,
     SHARD_QUARANTINE_FILE,
+    chunk_number,
     is_chunk_file,
     is_temporary_file,
 )
 from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING
 from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage.shard_records import (  # re-exported: the records a store writes
+    ChunkRecord,
+    QuarantineRecord,
+    ShardTotals,
+    read_index,
+    read_quarantine,
+    shard_totals,
+)
+
+__all__ = [
+    "ChunkRecord",
+    "QuarantineRecord",
+    "ShardStore",
+    "ShardTotals",
+    "read_index",
+    "read_quarantine",
+    "shard_totals",
+]
 
 ON_MISMATCH: tuple[str, ...] = typing.get_args(OnMismatch)
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChunkRecord:
-    chunk: str
-    samples: int
-    tokens: int
-    bytes: int
-    sha256: str
-    sample_ids: list[int]
-
-
-@dataclass(frozen=True)
-class QuarantineRecord:
-    sample_id: int
-    reason: str
-    detail: str
 
 
 class ShardStore:
@@ -80,10 +83,10 @@ class ShardStore:
         self._lock = lock
         try:
             self._check_provenance(provenance, on_mismatch, report or log.warning)
-            self.records = read_index(self.directory)
-            self.quarantined = read_quarantine(self.directory)
-            for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE):
+            for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, REMOVED_CHUNKS_FILE):
                 drop_torn_tail(self.directory / name)
+            self.records = finish_removals(self.directory)  # a removal a crash interrupted is completed first
+            self.quarantined = read_quarantine(self.directory)
             self._remove_uncommitted()
         except BaseException:
             self.close()
@@ -154,13 +157,36 @@ class ShardStore:
         done = self.done_sample_ids
         return ~np.isin(sample_ids, np.fromiter(done, dtype=np.int64, count=len(done)))
 
+    def remove(self, removals: Sequence[tuple[ChunkRecord, str, str]]) -> None:
+        """Take chunks out of the index (record, reason, detail): see chunk_removal.py."""
+        if removals:
+            self.records = remove_chunks(self.directory, removals)
+
+    def reclaim(self, current_ids: np.ndarray) -> list[ChunkRecord]:
+        """Delete the chunks none of whose samples is current (all left the inputs); the chunks deleted."""
+        current = set(np.asarray(current_ids, dtype=np.int64).tolist())
+        gone = [record for record in self.records if not current.intersection(record.sample_ids)]
+        self.remove([(record, NO_CURRENT_SAMPLES, "every sample left the inputs") for record in gone])
+        return gone
+
+    def next_chunk_name(self) -> str:
+        """A name no chunk of this shard had before (removed chunks' names are not reused)."""
+        names = [record.chunk for record in self.records] + [entry.chunk for entry in read_removed(self.directory)]
+        return CHUNK_PATTERN.format(max((chunk_number(name) for name in names), default=-1) + 1)
+
     def quarantine(self, records: Sequence[QuarantineRecord]) -> None:
         append_lines(self.directory / SHARD_QUARANTINE_FILE, [asdict(record) for record in records])
         self.quarantined.extend(records)
 
-    def commit(self, tensors: dict[str, torch.Tensor], sample_ids: list[int], metadata: dict[str, str]) -> ChunkRecord:
-        """Write one chunk atomically, then record it in the index."""
-        name = CHUNK_PATTERN.format(len(self.records))
+    def commit(
+        self,
+        tensors: dict[str, torch.Tensor],
+        sample_ids: list[int],
+        metadata: dict[str, str],
+        stats: dict | None = None,
+    ) -> ChunkRecord:
+        """Write one chunk atomically, then record it in the index (with its write-time ``stats``)."""
+        name = self.next_chunk_name()
         payload = safetensors_bytes(tensors, metadata=metadata)
         write_atomic(self.directory / name, payload)
         record = ChunkRecord(
@@ -170,6 +196,7 @@ class ShardStore:
             bytes=len(payload),
             sha256=hashlib.sha256(payload).hexdigest(),
             sample_ids=list(sample_ids),
+            stats=stats,
         )
         append_lines(self.directory / SHARD_INDEX_FILE, [asdict(record)])
         self.records.append(record)
@@ -186,46 +213,6 @@ class ShardStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_index(directory: Path) -> list[ChunkRecord]:
-    """Committed chunks; a torn last line (a crash while appending) is not a commit."""
-    path = Path(directory) / SHARD_INDEX_FILE
-    try:
-        return [ChunkRecord(**entry) for entry in read_lines(path)]
-    except TypeError as exc:
-        raise StoreError(f"{path}: not a chunk record ({exc})") from None
-
-
-def read_quarantine(directory: Path) -> list[QuarantineRecord]:
-    return [QuarantineRecord(**entry) for entry in read_lines(Path(directory) / SHARD_QUARANTINE_FILE)]
-
-
-@dataclass(frozen=True)
-class ShardTotals:
-    """Samples, tokens, bytes and chunk names over a shard's committed chunks."""
-
-    samples: int
-    tokens: int
-    bytes: int
-    chunks: tuple[str, ...]
-
-    @classmethod
-    def of(cls, records: Sequence[ChunkRecord]) -> ShardTotals:
-        return cls(
-            samples=sum(r.samples for r in records),
-            tokens=sum(r.tokens for r in records),
-            bytes=sum(r.bytes for r in records),
-            chunks=tuple(r.chunk for r in records),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """As complete.json records them."""
-        return {**asdict(self), "chunks": list(self.chunks)}
-
-
-def shard_totals(directory: Path) -> ShardTotals:
-    return ShardTotals.of(read_index(directory))
 
 
 def _shown(value: object) -> str:

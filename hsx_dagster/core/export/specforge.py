@@ -1,0 +1,105 @@
+"""SpecForge's offline data path, written from an assembled drafter dataset.
+
+SpecForge 0.2 lists ``*.ckpt`` files under its ``--hidden-states-path`` (sorted by path, so the names are
+zero-padded) and loads each with ``torch.load``: one sample per file, a dict of tensors
+(``specforge.runtime.data_plane.offline_reader`` and the per-algorithm normalisers):
+- EAGLE-3: ``input_ids`` [T] int64, ``loss_mask`` [T] int64, ``hidden_state`` [1, T, H] (what the LM head reads:
+  the final norm's output; SpecForge's ``TargetHead`` applies only the LM head to it) and ``aux_hidden_state``
+  [1, T, 3H] (three layers concatenated, SGLang's ids = ours);
+- DFlash: ``input_ids``, ``loss_mask`` and ``hidden_states`` [1, T, K*H] (the draft's ``target_layer_ids`` = ours).
+
+This is the one pickle-based container the project writes: tensors only (loadable with ``weights_only=True``),
+and only when asked (`export.specforge` or selecting ``specforge_dataset``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hsx_dagster.core.dataset.reader import DrafterDataset
+from hsx_dagster.core.export.folder import ExportFolder
+from hsx_dagster.core.export.mapping import LayerMapping, specforge_mapping
+from hsx_dagster.core.export.speculators import row_order
+from hsx_dagster.core.storage.atomic import write_atomic
+
+EXPORT_FILE = "hsx_export.json"
+ROWS_PER_FOLDER = 5000
+
+
+@dataclass(frozen=True)
+class SpecForgeExport:
+    path: Path
+    rows: int
+    train_rows: int
+    bytes: int
+    mapping: LayerMapping
+    layout: str
+    command: str
+
+
+def sample_file(row: int) -> str:
+    start = row // ROWS_PER_FOLDER * ROWS_PER_FOLDER
+    return f"rows_{start:08d}-{start + ROWS_PER_FOLDER - 1:08d}/data_{row:08d}.ckpt"
+
+
+def sample_tensors(sample: dict, mapping: LayerMapping, layout: str) -> dict[str, torch.Tensor]:
+    """One file's tensors, shaped as SpecForge's offline normaliser for ``layout`` reads them."""
+    states = sample["hidden_states"][:, list(mapping.aux_positions)]  # [T, K, H]
+    concatenated = states.flatten(1).unsqueeze(0).contiguous()  # [1, T, K*H], layers in mapping order
+    tensors = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
+    if layout == "dflash":
+        return {**tensors, "hidden_states": concatenated}
+    return {**tensors, "aux_hidden_state": concatenated, "hidden_state": sample["final_hidden_states"].unsqueeze(0)}
+
+
+def train_command(path: Path, model_path: str, layout: str) -> str:
+    return f"specforge train --algorithm {layout} --target-model-path {model_path} --hidden-states-path {path}"
+
+
+def export_specforge(
+    drafter_dir: Path,
+    dest: Path,
+    *,
+    layout: str = "eagle3",
+    progress: Callable[[str], None] | None = None,
+) -> SpecForgeExport:
+    """Write ``dest`` (renamed into place when complete); a re-run resumes an interrupted export."""
+    dataset = DrafterDataset(drafter_dir)
+    mapping = specforge_mapping(
+        dataset.layer_ids, dataset.num_hidden_layers, dataset.record.layers.include_final, layout
+    )  # fails before anything is written
+    order, train_rows = row_order(drafter_dir)
+    command = train_command(dest, str(dataset.record.model_path), layout)
+    spec = {
+        "format": "hsx-specforge-export",
+        "version": 1,
+        "layout": layout,
+        "drafter_dataset": str(Path(drafter_dir).resolve()),
+        "drafter_created_at": dataset.record.created_at,
+        "mapping": mapping.to_dict(),
+    }
+    folder = ExportFolder(dest, spec)
+    if not folder.complete():
+        work = folder.begin()
+        index_of = {sid: i for i, sid in enumerate(dataset.sample_ids)}
+        for row, sid in enumerate(order):
+            path = work / sample_file(row)
+            if path.exists():
+                continue  # written whole by an interrupted run
+            path.parent.mkdir(exist_ok=True)
+            buffer = io.BytesIO()
+            torch.save(sample_tensors(dataset[index_of[sid]], mapping, layout), buffer)
+            write_atomic(path, buffer.getvalue())
+            if progress and row % 1000 == 0:
+                progress(f"specforge {layout}: {row:,}/{len(order):,} rows")
+        export = {**spec, "rows": len(order), "train_rows": train_rows, "sample_ids": order, "command": command}
+        write_atomic(work / EXPORT_FILE, json.dumps(export, indent=2).encode())
+        folder.finish()
+    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+    return SpecForgeExport(dest, len(order), train_rows, size, mapping, layout, command)

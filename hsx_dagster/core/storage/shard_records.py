@@ -1,0 +1,110 @@
+"""A shard's records on disk, read back: the index of committed chunks, the quarantined samples, the totals.
+
+The index (``index.jsonl``) is the truth about what a shard holds; `ShardStore` (shard_store.py) writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hsx_dagster.core.storage.atomic import StoreError, read_lines, write_atomic
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, VERIFIED_FILE
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    chunk: str
+    samples: int
+    tokens: int
+    bytes: int
+    sha256: str
+    sample_ids: list[int]
+    # per-layer statistics computed when the chunk was written (chunk_stats.py); None in older shards
+    stats: dict | None = None
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    sample_id: int
+    reason: str
+    detail: str
+
+
+def read_index(directory: Path) -> list[ChunkRecord]:
+    """Committed chunks; a torn last line (a crash while appending) is not a commit."""
+    path = Path(directory) / SHARD_INDEX_FILE
+    try:
+        return [ChunkRecord(**entry) for entry in read_lines(path)]
+    except TypeError as exc:
+        raise StoreError(f"{path}: not a chunk record ({exc})") from None
+
+
+def read_quarantine(directory: Path) -> list[QuarantineRecord]:
+    return [QuarantineRecord(**entry) for entry in read_lines(Path(directory) / SHARD_QUARANTINE_FILE)]
+
+
+@dataclass(frozen=True)
+class ShardTotals:
+    """Samples, tokens, bytes and chunk names over a shard's committed chunks."""
+
+    samples: int
+    tokens: int
+    bytes: int
+    chunks: tuple[str, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[ChunkRecord]) -> ShardTotals:
+        return cls(
+            samples=sum(r.samples for r in records),
+            tokens=sum(r.tokens for r in records),
+            bytes=sum(r.bytes for r in records),
+            chunks=tuple(r.chunk for r in records),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """As complete.json records them."""
+        return {**asdict(self), "chunks": list(self.chunks)}
+
+
+def shard_totals(directory: Path) -> ShardTotals:
+    return ShardTotals.of(read_index(directory))
+
+
+def record_verified(directory: Path, records: Sequence[ChunkRecord]) -> None:
+    """Note ``records`` as read whole and found as written (by the shard checks), with each file's size and mtime:
+    the drafter dataset's checks do not read them again while both are unchanged."""
+    entries = {}
+    for record in records:
+        try:
+            status = os.stat(Path(directory) / record.chunk)
+        except FileNotFoundError:
+            continue
+        entries[record.chunk] = {"sha256": record.sha256, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
+    write_atomic(Path(directory) / VERIFIED_FILE, json.dumps(entries, indent=1, sort_keys=True).encode())
+
+
+def verified_unchanged(directory: Path, record: ChunkRecord, verified: dict | None = None) -> bool:
+    """Whether the shard checks found ``record``'s chunk whole and its file has not changed since (size, mtime)."""
+    if verified is None:
+        verified = read_verified(directory)
+    entry = verified.get(record.chunk)
+    if not entry or entry.get("sha256") != record.sha256:
+        return False
+    try:
+        status = os.stat(Path(directory) / record.chunk)
+    except FileNotFoundError:
+        return False
+    return status.st_size == entry.get("size") and status.st_mtime_ns == entry.get("mtime_ns")
+
+
+def read_verified(directory: Path) -> dict:
+    try:
+        data = json.loads((Path(directory) / VERIFIED_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,156 @@
+"""The trainer exports from the pipeline's side (no trainer installed): what speculators' and SpecForge's folders
+hold, row for row against `DrafterDataset`; bad input refused before anything is written; an interrupted export
+never complete-looking and finished by a re-run; the Dagster assets and their metadata. What the trainers' own code
+reads from these folders: hsx_dagster_tests/trainers/."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+from dagster import AssetKey, instance_for_test, materialize
+from safetensors.torch import load_file
+
+from hsx_dagster import DrafterDataset
+from hsx_dagster.assets.exports import specforge_dataset, speculators_dataset
+from hsx_dagster.core.export import specforge as specforge_module
+from hsx_dagster.core.export.mapping import ExportError, specforge_mapping, speculators_mapping
+from hsx_dagster.core.export.specforge import export_specforge, sample_file
+from hsx_dagster.core.export.speculators import ARROW_FILE, export_speculators
+from hsx_dagster.core.layers import resolve_layers
+from hsx_dagster.resources import HsxSettings
+from hsx_dagster_tests.helpers import build_drafter_dataset
+
+LAYERS = [1, 3, 4, 7]  # the `speculators` preset for the demo model (8 layers)
+
+
+@pytest.fixture(scope="module")
+def out(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
+    return build_drafter_dataset(
+        [small_inputs], demo_model_dir, tmp_path_factory.mktemp("export"), layer_ids=LAYERS, include_final=True
+    )
+
+
+def arrow_rows(folder: Path) -> pa.Table:
+    with pa.memory_map(str(folder / ARROW_FILE)) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def test_the_speculators_preset_is_what_speculators_captures():
+    # speculators' default target layers [2, N//2, N-3] are inputs of those decoder layers (vLLM's numbering),
+    # i.e. our ids one lower, plus the last decoder layer's raw output for its last slot
+    for n in (8, 32, 36, 64):
+        assert resolve_layers("speculators", n) == sorted({2 - 1, n // 2 - 1, n - 3 - 1, n - 1})
+    mapping = speculators_mapping(LAYERS, 8)
+    assert mapping.trainer_aux_ids == (2, 4, 5) and mapping.aux_positions == (0, 1, 2) and mapping.last_position == 3
+
+
+def test_speculators_folder_row_for_row(out, tmp_path):
+    dest = tmp_path / "speculators"
+    result = export_speculators(out / "drafter", out / "tokenized", dest, files=True)
+    dataset = DrafterDataset(out / "drafter")
+    train = sorted(DrafterDataset(out / "drafter", split="train").sample_ids)
+    val = sorted(DrafterDataset(out / "drafter", split="val").sample_ids)
+    rows = arrow_rows(dest)
+    assert rows.column("sample_id").to_pylist() == train + val and result.train_rows == len(train)
+    assert json.loads((dest / "state.json").read_text())["_format_type"] == "torch"
+    index_of = {sid: i for i, sid in enumerate(dataset.sample_ids)}
+    expected_freq: Counter[int] = Counter()
+    for row, sid in enumerate(train + val):
+        sample = dataset[index_of[sid]]
+        assert rows.column("input_ids")[row].as_py() == sample["input_ids"].tolist()
+        assert rows.column("loss_mask")[row].as_py() == sample["loss_mask"].tolist()
+        assert rows.column("seq_len")[row].as_py() == len(sample["input_ids"])
+        expected_freq.update(sample["input_ids"][sample["loss_mask"].bool()].tolist())
+        stored = load_file(dest / "hidden_states" / f"hs_{row}.safetensors")
+        assert torch.equal(stored["token_ids"], sample["input_ids"])
+        assert torch.equal(stored["hidden_states"], sample["hidden_states"])  # aux 1, 3, 4 then the raw layer 7
+    assert torch.load(dest / "token_freq.pt", weights_only=True) == dict(expected_freq)
+    export = json.loads((dest / "hsx_export.json").read_text())
+    assert export["mapping"]["trainer_aux_ids"] == [2, 4, 5] and "--hidden-states-backend file" in export["command"]
+    assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+
+
+def test_specforge_files_have_the_layout_its_reader_takes(out, tmp_path):
+    dataset = DrafterDataset(out / "drafter")
+    for layout in ("eagle3", "dflash"):
+        result = export_specforge(out / "drafter", tmp_path / layout, layout=layout)
+        order = json.loads((tmp_path / layout / "hsx_export.json").read_text())["sample_ids"]
+        files = sorted((tmp_path / layout).rglob("*.ckpt"))
+        assert len(files) == result.rows == len(dataset) and files[0].relative_to(tmp_path / layout) == Path(
+            sample_file(0)
+        )
+        index_of = {sid: i for i, sid in enumerate(dataset.sample_ids)}
+        for row in (0, len(files) - 1):
+            data = torch.load(files[row], weights_only=True)  # tensors only
+            sample = dataset[index_of[order[row]]]
+            assert data["input_ids"].dtype == torch.int64 and torch.equal(data["input_ids"], sample["input_ids"])
+            assert torch.equal(data["loss_mask"], sample["loss_mask"].to(torch.int64))
+            if layout == "eagle3":
+                assert set(data) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+                assert torch.equal(data["hidden_state"][0], sample["final_hidden_states"])  # after the final norm
+                assert torch.equal(data["aux_hidden_state"][0], sample["hidden_states"][:, :3].flatten(1))
+            else:
+                assert set(data) == {"input_ids", "loss_mask", "hidden_states"}
+                assert torch.equal(data["hidden_states"][0], sample["hidden_states"].flatten(1))
+
+
+def test_bad_input_fails_before_writing_naming_the_setting(tmp_path):
+    with pytest.raises(ExportError, match=r"add 7 to model.layers.*model.layers: speculators"):
+        speculators_mapping([1, 3, 4], 8)
+    with pytest.raises(ExportError, match=r"asks for 4 auxiliary layers but the dataset stores 3"):
+        speculators_mapping(LAYERS, 8, aux_layers=4)
+    with pytest.raises(ExportError, match=r"model.include_final: true"):
+        specforge_mapping(LAYERS, 8, False, "eagle3")
+    with pytest.raises(ExportError, match=r"exactly three auxiliary layers"):
+        specforge_mapping([1, 7], 8, True, "eagle3")
+
+
+def test_interrupted_export_is_never_complete_and_a_rerun_finishes(out, tmp_path, monkeypatch):
+    dest = tmp_path / "specforge"
+    real = specforge_module.write_atomic
+    calls = []
+
+    def crash_after_five(path, payload):
+        calls.append(path)
+        if len(calls) > 5:
+            raise KeyboardInterrupt("killed")
+        real(path, payload)
+
+    monkeypatch.setattr(specforge_module, "write_atomic", crash_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        export_specforge(out / "drafter", dest)
+    assert not dest.exists()  # nothing a trainer would take as complete
+    partial = tmp_path / ".specforge.partial"
+    survivors = {p: p.stat().st_mtime_ns for p in partial.rglob("*.ckpt")}
+    assert len(survivors) == 5
+    monkeypatch.setattr(specforge_module, "write_atomic", real)
+    result = export_specforge(out / "drafter", dest)
+    assert not partial.exists() and len(list(dest.rglob("*.ckpt"))) == result.rows
+    kept = {dest / p.relative_to(partial): t for p, t in survivors.items()}
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items())  # finished, not redone
+
+
+def test_assets_materialize_with_mapping_and_command(out, tmp_path, demo_model_dir, small_inputs):
+    settings = tmp_path / "hsx.yaml"
+    settings.write_text(
+        f"dataset:\n  paths: [{small_inputs}]\nmodel:\n  path: {demo_model_dir}\n  layers: speculators\n"
+        f"  include_final: true\nshards: 2\noutput_dir: {out}\n"
+    )
+    with instance_for_test() as instance:
+        result = materialize(
+            [speculators_dataset, specforge_dataset],
+            resources={"settings": HsxSettings(path=str(settings))},
+            instance=instance,
+        )
+        assert result.success
+        meta = instance.get_latest_materialization_event(AssetKey("speculators_dataset")).asset_materialization
+        assert meta.metadata["rows"].value == 28 and meta.metadata["hidden_states_backend"].value == "hsx"
+        assert "| aux[0] | 2 | 1 |" in meta.metadata["layer_mapping"].value
+        assert "--hidden-states-backend hsx" in meta.metadata["how_to_train"].value
+        forge = instance.get_latest_materialization_event(AssetKey("specforge_dataset")).asset_materialization
+        assert forge.metadata["rows"].value == 28 and forge.metadata["layout"].value == "eagle3"
+    assert (out / "speculators" / "token_freq.pt").is_file() and not (out / "speculators" / "hidden_states").exists()
+    assert len(list((out / "specforge").rglob("*.ckpt"))) == 28
