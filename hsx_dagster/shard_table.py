@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, RunsFilter
 
+from hsx_dagster.core.dataset.assembly import shard_status
 from hsx_dagster.core.extraction.shard_overview import ShardRow, shard_rows
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.schedules import ACTIVE, RETRY_SHARD_TAG, failed_shard_checks, retries_used
@@ -16,7 +17,8 @@ from hsx_dagster.schedules import ACTIVE, RETRY_SHARD_TAG, failed_shard_checks, 
 def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: str | None = None) -> list[ShardRow]:
     """Every shard's row; ``exclude_run_id``: the calling run, which is not "running" in its own table."""
     shards = settings.shard_keys
-    rows = shard_rows(settings.hidden_states_dir, shards, settings.tokenized_dir)
+    states = shard_status(settings.hidden_states_dir, shards, settings.tokenized_dir)
+    rows = shard_rows(settings.hidden_states_dir, shards, settings.tokenized_dir, states)
     failed = failed_shard_checks(instance, shards)
     budget = settings.operations.max_retries
     out = []

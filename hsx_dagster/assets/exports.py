@@ -8,10 +8,10 @@ fails before writing anything, naming the setting to change.
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from hsx_dagster.asset_keys import DRAFTER_DATASET, SPECFORGE_DATASET, SPECULATORS_DATASET, TOKENIZED_DATASET
-from hsx_dagster.checks import sized
 from hsx_dagster.core.export.mapping import LayerMapping
 from hsx_dagster.core.export.specforge import export_specforge
 from hsx_dagster.core.export.speculators import export_speculators
+from hsx_dagster.core.units import format_bytes
 from hsx_dagster.resources import HsxSettings
 
 
@@ -20,7 +20,7 @@ def _metadata(path, rows: int, train_rows: int, size: int, mapping: LayerMapping
         "dagster/row_count": rows,
         "rows": rows,
         "train_rows": train_rows,
-        **sized("bytes", size),
+        "size": format_bytes(size),
         "layer_mapping": MetadataValue.md(mapping.markdown()),
         "how_to_train": MetadataValue.md(f"```bash\n{command}\n```"),
         "path": MetadataValue.path(str(path)),

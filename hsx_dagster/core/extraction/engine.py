@@ -161,8 +161,8 @@ def extract_shard(
     slots = backbone.info.layers.slot_names
     writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
-    last_report = started
-    tokens_total = int(lengths.sum())
+    sink = _ProgressSink(shard, len(todo), int(lengths.sum()), len(all_ids) - len(todo), str(device), started)
+    sink.every_s, sink.report, sink.on_progress = progress_every_s, report, on_progress
     try:
         while retry or len(order):
             shape: Shape | None = None
@@ -188,21 +188,42 @@ def extract_shard(
                 shaper.record(batch, timer.last)
             writer.submit(host)
             counts.add(len(rows), batch)
-            now = time.perf_counter()
-            if on_progress is not None or now - last_report >= progress_every_s:
-                where = Progress(
-                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
-                    now - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
-                )  # fmt: skip
-                if on_progress is not None:  # after every batch: the caller decides how often to show it
-                    on_progress(where)
-                else:
-                    last_report = now
-                    report(f"{where.line()} Batches of at most {shaper.current}.")
+            sink.batch_done(counts, writer.bytes_written, timer.total(), shaper.current)
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
     return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
+
+
+@dataclass
+class _ProgressSink:
+    """Where a run's progress goes: the caller's ``on_progress`` after every batch (it decides how often to show
+    it), else a log line every ``every_s``."""
+
+    shard: str
+    pending: int
+    tokens_total: int
+    resumed: int
+    device: str
+    started: float
+    every_s: float = PROGRESS_EVERY_S
+    report: Callable[[str], None] = log.info
+    on_progress: Callable[[Progress], None] | None = None
+    last: float = 0.0
+
+    def batch_done(self, counts: _Counts, bytes_written: int, forward_s: float, shape: Shape) -> None:
+        now = time.perf_counter()
+        if self.on_progress is None and now - max(self.last, self.started) < self.every_s:
+            return
+        where = Progress(
+            self.shard, counts.samples, self.pending, counts.tokens, self.tokens_total, bytes_written,
+            now - self.started, forward_s, self.device, samples_resumed=self.resumed,
+        )  # fmt: skip
+        if self.on_progress is not None:
+            self.on_progress(where)
+        else:
+            self.last = now
+            self.report(f"{where.line()} Batches of at most {shape}.")
 
 
 @dataclass
