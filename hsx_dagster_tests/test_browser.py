@@ -151,7 +151,7 @@ def page(dagster_dev, browser_executable):
         browser = playwright.chromium.launch(executable_path=browser_executable, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
-            page.set_default_timeout(60_000)
+            page.set_default_timeout(120_000)  # a shared, loaded CI machine renders the lineage slowly
             yield Page(page, dagster_dev)
         finally:
             browser.close()
