@@ -10,11 +10,10 @@ import argparse
 import json
 import sys
 
-from hsx_dagster.core.dataset.assembly import shard_status
 from hsx_dagster.core.dataset.manifest import Manifest
+from hsx_dagster.core.dataset.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.extraction.batch_shape_summary import shape_label
 from hsx_dagster.core.extraction.engine import ExtractionReport
-from hsx_dagster.core.extraction.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
@@ -81,7 +80,7 @@ def summary_lines(settings_file: str | None = None) -> list[str]:
 def shard_table_lines(hidden_states_dir, shard_keys, tokenized) -> list[str]:
     """The per-shard table the `hidden_states` asset shows (without what only the instance knows), each shard's
     batch shape below it, then the totals and a low forward share in words."""
-    rows = shard_rows(hidden_states_dir, shard_keys, tokenized, shard_status(hidden_states_dir, shard_keys, tokenized))
+    rows = shard_rows(hidden_states_dir, shard_keys, tokenized)
     lines = text_table(rows, REPORT_COLUMNS)
     for row in rows:
         complete = hidden_states_dir / row.shard / COMPLETE_FILE

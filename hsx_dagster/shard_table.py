@@ -1,5 +1,5 @@
 """The per-shard table of `hidden_states` as the Dagster layer shows it: the core's rows from the output
-files (`core/extraction/shard_overview.py`) with what only the instance knows added: which shard is
+files (`core/dataset/shard_overview.py`) with what only the instance knows added: which shard is
 running or being retried, which blocking checks failed on its latest materialization, and how many
 retries of the budget `retry_failed_shards` has used on it.
 """
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, RunsFilter
 
-from hsx_dagster.core.dataset.assembly import shard_status
-from hsx_dagster.core.extraction.shard_overview import ShardRow, shard_rows
+from hsx_dagster.core.dataset.shard_overview import ShardRow, shard_rows
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.schedules import ACTIVE, RETRY_SHARD_TAG, failed_shard_checks, retries_used
 
@@ -17,8 +16,7 @@ from hsx_dagster.schedules import ACTIVE, RETRY_SHARD_TAG, failed_shard_checks, 
 def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: str | None = None) -> list[ShardRow]:
     """Every shard's row; ``exclude_run_id``: the calling run, which is not "running" in its own table."""
     shards = settings.shard_keys
-    states = shard_status(settings.hidden_states_dir, shards, settings.tokenized_dir)
-    rows = shard_rows(settings.hidden_states_dir, shards, settings.tokenized_dir, states)
+    rows = shard_rows(settings.hidden_states_dir, shards, settings.tokenized_dir)
     failed = failed_shard_checks(instance, shards)
     budget = settings.operations.max_retries
     out = []

@@ -1,6 +1,6 @@
 """What a person watching a long extraction reads: units (core/units.py), a running shard's progress
 (core/extraction/progress.py) on the asset's partition and in the run log, the per-shard table with
-totals (core/extraction/shard_overview.py, hsx_dagster/shard_table.py), and the same figures in
+totals (core/dataset/shard_overview.py, hsx_dagster/shard_table.py), and the same figures in
 `python -m hsx_dagster.report`."""
 
 import math
@@ -11,8 +11,8 @@ from dagster import AssetKey, instance_for_test, materialize
 
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
+from hsx_dagster.core.dataset.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
 from hsx_dagster.core.extraction.progress import Progress
-from hsx_dagster.core.extraction.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 from hsx_dagster.partitions import shard_partitions

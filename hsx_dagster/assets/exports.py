@@ -11,16 +11,16 @@ from hsx_dagster.asset_keys import DRAFTER_DATASET, SPECFORGE_DATASET, SPECULATO
 from hsx_dagster.core.export.mapping import LayerMapping
 from hsx_dagster.core.export.specforge import export_specforge
 from hsx_dagster.core.export.speculators import export_speculators
-from hsx_dagster.core.units import format_bytes
+from hsx_dagster.core.units import format_bytes, format_count
 from hsx_dagster.resources import HsxSettings
 
 
 def _metadata(path, rows: int, train_rows: int, size: int, mapping: LayerMapping, command: str) -> dict:
     return {
         "dagster/row_count": rows,
-        "rows": rows,
-        "train_rows": train_rows,
-        "size": format_bytes(size),
+        "rows": rows,  # a plain count, read by scripts; the readable form is "size"
+        "size": f"{format_count(rows)} rows ({format_count(train_rows)} train, {format_count(rows - train_rows)} "
+        f"validation), {format_bytes(size)}",
         "layer_mapping": MetadataValue.md(mapping.markdown()),
         "how_to_train": MetadataValue.md(f"```bash\n{command}\n```"),
         "path": MetadataValue.path(str(path)),

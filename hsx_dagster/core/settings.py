@@ -445,20 +445,5 @@ def check_shard_key(key: str) -> str:
 
 
 # Reading the file lives in its own module; it is imported from here too, where callers have always found it.
-from hsx_dagster.core.settings_file import load_settings, settings_path  # noqa: E402
-
-__all__ = [
-    "DEFAULT_LOCK_DIR",
-    "DatasetSettings",
-    "DrafterSettings",
-    "ExtractionSettings",
-    "ModelSettings",
-    "OperationsSettings",
-    "RegenerateSettings",
-    "Settings",
-    "SettingsError",
-    "check_shard_key",
-    "load_settings",
-    "settings_path",
-    "shard_keys",
-]
+from hsx_dagster.core.settings_file import load_settings as load_settings  # noqa: E402
+from hsx_dagster.core.settings_file import settings_path as settings_path  # noqa: E402

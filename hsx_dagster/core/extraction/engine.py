@@ -161,16 +161,11 @@ def extract_shard(
     slots = backbone.info.layers.slot_names
     writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
-    sink = _ProgressSink(shard, len(todo), int(lengths.sum()), len(all_ids) - len(todo), str(device), started)
-    sink.every_s, sink.report, sink.on_progress = progress_every_s, report, on_progress
+    tokens_total = int(lengths.sum())
+    show = on_progress or _progress_logger(report, progress_every_s, shaper)
     try:
         while retry or len(order):
-            shape: Shape | None = None
-            if retry:
-                batch, measured = retry.popleft(), False
-            else:
-                shape, measured = shaper.next_shape()
-                batch = order.take(shape.batch_size, shape.max_batch_tokens)
+            batch, shape, measured = _next_batch(retry, shaper, order)
             rows = todo[list(batch.rows)]
             try:
                 host = _run_batch(
@@ -188,42 +183,38 @@ def extract_shard(
                 shaper.record(batch, timer.last)
             writer.submit(host)
             counts.add(len(rows), batch)
-            sink.batch_done(counts, writer.bytes_written, timer.total(), shaper.current)
+            show(
+                Progress(
+                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
+                    time.perf_counter() - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
+                )
+            )  # fmt: skip
     finally:
         # Whatever was extracted is committed, even when the run stops on an error.
         chunks = writer.close()
     return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
 
 
-@dataclass
-class _ProgressSink:
-    """Where a run's progress goes: the caller's ``on_progress`` after every batch (it decides how often to show
-    it), else a log line every ``every_s``."""
+def _next_batch(retry: deque[Batch], shaper: BatchShaper, order: LengthOrder) -> tuple[Batch, Shape | None, bool]:
+    """The pieces of a batch that ran out of memory first (unplanned, not timed), else the shaper's next cut."""
+    if retry:
+        return retry.popleft(), None, False
+    shape, measured = shaper.next_shape()
+    return order.take(shape.batch_size, shape.max_batch_tokens), shape, measured
 
-    shard: str
-    pending: int
-    tokens_total: int
-    resumed: int
-    device: str
-    started: float
-    every_s: float = PROGRESS_EVERY_S
-    report: Callable[[str], None] = log.info
-    on_progress: Callable[[Progress], None] | None = None
-    last: float = 0.0
 
-    def batch_done(self, counts: _Counts, bytes_written: int, forward_s: float, shape: Shape) -> None:
-        now = time.perf_counter()
-        if self.on_progress is None and now - max(self.last, self.started) < self.every_s:
-            return
-        where = Progress(
-            self.shard, counts.samples, self.pending, counts.tokens, self.tokens_total, bytes_written,
-            now - self.started, forward_s, self.device, samples_resumed=self.resumed,
-        )  # fmt: skip
-        if self.on_progress is not None:
-            self.on_progress(where)
-        else:
-            self.last = now
-            self.report(f"{where.line()} Batches of at most {shape}.")
+def _progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
+    """Without a caller's ``on_progress`` (which gets every batch's progress and decides how often to show it),
+    a progress line every ``every_s`` of extraction."""
+    last_shown = 0.0
+
+    def log_line(progress: Progress) -> None:
+        nonlocal last_shown
+        if progress.elapsed_s - last_shown >= every_s:
+            last_shown = progress.elapsed_s
+            report(f"{progress.line()} Batches of at most {shaper.current}.")
+
+    return log_line
 
 
 @dataclass

@@ -10,10 +10,11 @@ long extraction needs to know.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hsx_dagster.core.dataset.assembly import shard_status
 from hsx_dagster.core.extraction.engine import ExtractionReport
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.storage.format import COMPLETE_FILE, TOKENIZED_SUMMARY_FILE
@@ -44,14 +45,12 @@ class ShardRow:
         return replace(self, state=state or self.state, failed_checks=tuple(failed_checks), retries=retries)
 
 
-def shard_rows(
-    hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path, states: Mapping[str, str]
-) -> list[ShardRow]:
-    """One row per shard key, from the tokenized summary and each shard's folder; ``states``: each shard's
-    'missing', 'incomplete', 'complete' or 'stale' (`core.dataset.assembly.shard_status`, a layer above)."""
+def shard_rows(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path) -> list[ShardRow]:
+    """One row per shard key, from the tokenized summary and each shard's folder."""
     expected = {}
     if (Path(tokenized_dir) / TOKENIZED_SUMMARY_FILE).is_file():
         expected = {load.shard: load.samples for load in TokenizedSummary.read(tokenized_dir).shards}
+    states = shard_status(hidden_states_dir, shard_keys, tokenized_dir) if expected else {}
     rows = []
     for shard in shard_keys:
         folder = Path(hidden_states_dir) / shard
