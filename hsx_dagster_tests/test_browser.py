@@ -171,7 +171,8 @@ class Page:
 
 
 def test_lineage_shows_the_assets_and_their_inputs(page, artifacts):
-    lineage = page.open("/asset-groups")
+    # the hsx group: the global lineage collapses the groups (hsx, exports) into one box each
+    lineage = page.open(f"/locations/{LOCATION}/asset-groups/hsx/lineage")
     for name in ("conversations", "target_model", "tokenized_dataset", "hidden_states", "drafter_dataset"):
         node = lineage.locator("svg").get_by_text(name, exact=True)
         node.first.wait_for(state="visible")
