@@ -142,6 +142,7 @@ def test_drafter_follows_once_every_shard_is_newer_and_an_edited_input_marks_eve
     assert set(project.stale().values()) == {StaleStatus.FRESH}
 
 
+@pytest.mark.slow  # tokenizes the inputs
 def test_inputs_are_observed_without_runs_and_only_when_they_change(project):
     """The daemon's input sensor: an observation per changed input, recorded without a run; a skip naming the
     versions when nothing changed; an edited file marks tokenized_dataset stale."""

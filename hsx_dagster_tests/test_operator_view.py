@@ -74,6 +74,7 @@ def test_a_low_forward_share_is_said_in_words():
     assert 0.07 < LOW_FORWARD_SHARE < 0.93
 
 
+@pytest.mark.slow  # tokenizes and extracts a shard
 def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(small_settings_file, monkeypatch):
     """Observations of the running shard's partition, carrying its progress and ETA, every
     operations.progress_every_s; the same sentence in the run log; the table of every shard on the

@@ -93,7 +93,8 @@ def model_observation(settings: Settings) -> tuple[str, dict[str, Any]]:
         **model_entries(info.describe()),
         "weight files": len(weights),
         "weights size": format_bytes(sum(p.stat().st_size for p in weights)),
-        **prints,
+        # the first 16 hex digits: a full sha256 pushes the metadata table past the page's width
+        **{key.replace("_sha256", " sha256"): value[:16] for key, value in prints.items()},
     }
 
 

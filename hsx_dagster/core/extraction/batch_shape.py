@@ -21,7 +21,10 @@ the throughput falls well below what the probe measured (under 70% over 8 batche
 longest sample is half as long as at the last probe. What probing costs is the time the losing
 shapes took beyond what the winner would have needed for the same tokens; all probes of a run
 together stay within a budget of 3% of the run's estimated time (a probe step whose worst case does
-not fit is not started). With an explicit number for one of the two settings, only the other one is
+not fit is not started, and a losing candidate that has used up the rest of the budget is stopped after
+its batch). The estimate comes from the probe's own throughput, so when the run slows down later (a
+busy machine) the share of the real run can differ; each shard's metadata shows what was lost.
+With an explicit number for one of the two settings, only the other one is
 probed; with both, nothing is.
 """
 
@@ -308,8 +311,15 @@ class BatchShaper:
         self._schedule.pop(0)
         incumbent, candidate = self._sides["I"], self._sides["C"]
         clear_loss = side == "C" and incumbent.rate and candidate.rate < CLEAR_LOSS * incumbent.rate
-        if not self._schedule or not len(self.order) or clear_loss:
+        if not self._schedule or not len(self.order) or clear_loss or self._over_budget(side):
             self._decide()
+
+    def _over_budget(self, side: str) -> bool:
+        """A losing candidate has already cost the rest of the budget: decide now rather than finish its side."""
+        incumbent, candidate = self._sides["I"], self._sides["C"]
+        if side != "C" or not incumbent.rate or not self.budget_s:
+            return False
+        return self.overhead_s + candidate.seconds - candidate.tokens / incumbent.rate > self.budget_s
 
     def _decide(self) -> None:
         incumbent, candidate = self._sides["I"], self._sides["C"]
@@ -350,7 +360,7 @@ class BatchShaper:
         self._window.clear()
         self._unresolved.clear()
         if probe.number > 0 and not probe.steps:
-            self._report(f"{self.shard}: batch shape kept at {self.current}: {probe.reason}, but {why}")
+            self._report(f"{self.shard}: batch shape kept at {self.current}: {probe.reason}; not probed again: {why}.")
             return
         totals = (self.probe_s, self.overhead_s, self.budget_s)
         self._report(probe_message(self.shard, probe.record(), probe.rows(), *totals))
