@@ -14,7 +14,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-quick check ui bench bench-gpu bench-regen install data instance clean
+.PHONY: demo test test-quick check ui bench bench-gpu bench-regen install data instance clean trainer-env
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,11 @@ demo: data instance
 	done
 	@echo
 	@$(BIN)/python -m hsx_dagster.report
+
+# The isolated environment the trainer tests run speculators' and SpecForge's code in (hsx_dagster_tests/trainers/env.py);
+# the tests build it on first use, this builds it ahead (CI starts it beside the other tests' set-up).
+trainer-env: install
+	$(BIN)/python -c 'from hsx_dagster_tests.trainers.env import trainer_python; print(trainer_python())'
 
 test: data
 	$(BIN)/python -m pytest -q --durations=15
