@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.chunk_checks import TokenizedRows, positions_of
+from hsx_dagster.core.storage.files import file_sha256
 from hsx_dagster.core.storage.shard_records import ChunkRecord, read_index, read_quarantine
 
 
@@ -63,16 +64,22 @@ def chunks_with_changed_tokens(
     directory: Path, records: Sequence[ChunkRecord], table: pa.Table
 ) -> list[tuple[ChunkRecord, int]]:
     """Committed chunks holding current samples whose stored ids or loss mask differ from ``table``'s rows
-    (sample_id, input_ids, loss_mask), with how many such samples each holds. Reads ids and masks only."""
+    (sample_id, input_ids, loss_mask), with how many such samples each holds. Reads ids and masks, and hashes
+    only a chunk that differs (to tell damage from re-tokenization)."""
     rows = TokenizedRows(table)
     changed = []
     for record in records:
         path = Path(directory) / record.chunk
         if not path.is_file():
             continue  # a missing chunk is the integrity check's finding
-        with safe_open(str(path), framework="np") as chunk:
-            small = {name: chunk.get_tensor(name) for name in ("offsets", "input_ids", "loss_mask", "sample_ids")}
-        count = len(rows.mismatching(small, positions_of(record.sample_ids)))
-        if count:
+        try:
+            with safe_open(str(path), framework="np") as chunk:
+                small = {name: chunk.get_tensor(name) for name in ("offsets", "input_ids", "loss_mask", "sample_ids")}
+            count = len(rows.mismatching(small, positions_of(record.sample_ids)))
+        except Exception:  # an unreadable chunk: damage, told apart below
+            count = record.samples
+        # A chunk whose bytes are no longer those committed is damaged, not re-tokenized: the integrity check
+        # sets it aside and the next run re-extracts its samples (healing.py).
+        if count and file_sha256(path) == record.sha256:
             changed.append((record, count))
     return changed
