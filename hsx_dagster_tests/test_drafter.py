@@ -16,9 +16,8 @@ from hsx_dagster import DrafterDataset, collate_drafter_batch
 from hsx_dagster.core.dataset.assembly import assemble, split_of
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics, check_parity
 from hsx_dagster.core.dataset.reader import DatasetError
-from hsx_dagster.core.extraction.shard_run import run_shard
 from hsx_dagster.core.storage.format import SHARD_INDEX_FILE as SHARD_INDEX
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import build_drafter_dataset
 from hsx_dagster_tests.sweeps import sweep
 
 LAYERS = (1, 4, 7)  # 7 is the demo model's last layer: its raw output, not Hugging Face's normed one
@@ -27,29 +26,17 @@ SHARDS = ("shard-00", "shard-01")
 
 @pytest.fixture(scope="module")
 def dataset_root(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pipeline")
-    tokenize([small_inputs], demo_model_dir, out / "tokenized", shards=2, max_length=1024)
-    for index, shard in enumerate(SHARDS):
-        run_shard(
-            shard_job(
-                shard=shard,
-                shard_index=index,
-                tokenized_dir=out / "tokenized",
-                output_dir=out / "hidden_states" / shard,
-                model_path=demo_model_dir,
-                layer_ids=LAYERS,
-                include_final=True,
-                devices=("cpu",),
-                storage_dtype="float32",
-                batch_size=6,
-                max_batch_tokens=4096,
-                chunk_bytes=200_000,
-            )
-        )
-    assemble(
-        out / "tokenized", out / "hidden_states", SHARDS, out / "drafter", val_fraction=0.25, settings={"test": True}
+    return build_drafter_dataset(
+        [small_inputs],
+        demo_model_dir,
+        tmp_path_factory.mktemp("pipeline"),
+        layer_ids=LAYERS,
+        shards=SHARDS,
+        include_final=True,
+        devices=("cpu",),
+        storage_dtype="float32",
+        batch_size=6,
     )
-    return out
 
 
 @pytest.fixture
