@@ -273,17 +273,21 @@ def test_a_running_shard_shows_its_progress_on_the_asset_page(page, demo_instanc
     shutil.rmtree(settings.parent / "out" / "hidden_states" / "shard-01")
     env = {**demo_instance, "HSX_OPERATIONS__PROGRESS_EVERY_S": "1"}
     config = json.dumps({"resources": {"gpu": {"config": {"batch_size": 1}}}})
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "hsx_dagster.launch", "shard-01", "--config-json", config],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # Its output goes to a file: a pipe nobody reads until the end fills up with the per-second progress lines
+    # and blocks the run.
+    output = Path(demo_instance["DAGSTER_HOME"]) / "running-shard.log"
+    with open(output, "w") as log:
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "hsx_dagster.launch", "shard-01", "--config-json", config],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     try:
         with DagsterInstance.from_config(demo_instance["DAGSTER_HOME"]) as instance:
-            first = wait_for_progress(instance, launch)
+            first = wait_for_progress(instance, launch, output)
             events = page.open("/assets/hidden_states?view=events")
             observation = events.locator('[aria-label="observation"]').first  # the events list's newest observation
             observation.wait_for()
@@ -293,7 +297,7 @@ def test_a_running_shard_shows_its_progress_on_the_asset_page(page, demo_instanc
             events.get_by_text("forward share", exact=True).first.wait_for()
             running_at_shot = launch.poll() is None
             events.screenshot(path=str(artifacts / "running-shard.png"), full_page=True)
-            assert launch.wait(timeout=900) == 0, launch.stdout.read()[-3000:] if launch.stdout else ""
+            assert launch.wait(timeout=900) == 0, output.read_text()[-3000:]
             done = instance.get_latest_materialization_event(AssetKey("hidden_states"))
             assert done is not None and done.asset_materialization.partition == "shard-01"
             assert first.timestamp < done.timestamp  # the progress was there before the shard was done
@@ -310,7 +314,7 @@ def test_a_running_shard_shows_its_progress_on_the_asset_page(page, demo_instanc
             launch.wait()
 
 
-def wait_for_progress(instance, launch):
+def wait_for_progress(instance, launch, output: Path):
     """The first progress observation of shard-01 recorded by the run `launch` started."""
     from dagster import AssetKey
 
@@ -320,7 +324,7 @@ def wait_for_progress(instance, launch):
         progress = [r for r in records if r.partition_key == "shard-01" and "time left" in r.asset_observation.metadata]
         if progress:
             return min(progress, key=lambda r: r.timestamp)
-        assert launch.poll() is None or launch.returncode == 0, launch.stdout.read()[-3000:] if launch.stdout else ""
+        assert launch.poll() is None or launch.returncode == 0, output.read_text()[-3000:]
         assert time.monotonic() < deadline, "no progress observation of shard-01 within 10 minutes"
         time.sleep(1)
 
