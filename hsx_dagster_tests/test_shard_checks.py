@@ -3,6 +3,7 @@ on each `hidden_states` partition through the `hidden_states_shard` job on a rea
 retry schedule treating a shard that fails its check as failed."""
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,9 @@ def extracted(settings_file):
             assert set(evaluations) == set(SHARD_CHECKS)
             assert all(e.passed for e in evaluations.values()), {k: e.description for k, e in evaluations.items()}
             assert {e.partition for e in evaluations.values()} == {shard}  # evaluated for the run's partition
+            # what checking cost, in words beside the extraction's time (one read for the three checks)
+            times = {e.metadata["checks time"].value for e in evaluations.values()}
+            assert len(times) == 1 and re.fullmatch(r".+ to read .+ at .+/s; the extraction took .+ \(.+% of it\)", *times)
         yield pipeline
 
 

@@ -22,6 +22,7 @@ from hsx_dagster.checks import check_result
 from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.storage.format import COMPLETE_FILE
 from hsx_dagster.core.storage.shard_checks import check_shard
+from hsx_dagster.core.units import format_bytes, format_duration, format_share
 from hsx_dagster.resources import HsxSettings
 
 SHARD_CHECK_DESCRIPTIONS = {
@@ -56,20 +57,25 @@ def build_shard_checks(partitions_def: StaticPartitionsDefinition) -> list[Asset
         for name in (name for name in SHARD_CHECKS if name in selected):
             outcome = outcomes[name]
             if extraction_s:  # the checks' time beside the extraction's
-                scan_s = outcome.metadata.get("scan_s", 0.0)
-                outcome = CheckOutcome(
-                    outcome.passed,
-                    outcome.description,
-                    {
-                        **outcome.metadata,
-                        "extraction_s": extraction_s,
-                        "checks_over_extraction": round(scan_s / extraction_s, 4),
-                    },
-                )
+                outcome = with_extraction_time(outcome, extraction_s)
             context.log.info(f"{shard} {name}: {'passed' if outcome.passed else 'FAILED'}: {outcome.description}")
             yield check_result(outcome, check_name=name, asset_key=HIDDEN_STATES)
 
     return [check_hidden_states_shard]
+
+
+def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOutcome:
+    """The read's time in words beside the extraction's: what checking costs the shard, at a glance."""
+    scan_s = float(outcome.metadata.get("scan_s", 0.0))
+    read = int(outcome.metadata.get("scan_bytes", 0))
+    speed = f" at {format_bytes(read / scan_s)}/s" if scan_s > 0 else ""
+    words = (
+        f"{format_duration(scan_s)} to read {format_bytes(read)}{speed}; the extraction took "
+        f"{format_duration(extraction_s)} "
+        f"({format_share(scan_s / extraction_s)} of it)"
+    )
+    metadata = {**outcome.metadata, "checks time": words, "checks_over_extraction": round(scan_s / extraction_s, 4)}
+    return CheckOutcome(outcome.passed, outcome.description, metadata)
 
 
 def _extraction_seconds(folder: Path) -> float:
