@@ -83,7 +83,8 @@ def extracted(settings_file):
             assert {e.partition for e in evaluations.values()} == {shard}  # evaluated for the run's partition
             # what checking cost, in words beside the extraction's time (one read for the three checks)
             times = {e.metadata["checks time"].value for e in evaluations.values()}
-            assert len(times) == 1 and re.fullmatch(r".+ to read .+ at .+/s; the extraction took .+ \(.+% of it\)", *times)
+            (words,) = times
+            assert re.fullmatch(r".+ to read .+ at .+/s; the extraction took .+ \(.+% of it\)", words), words
         yield pipeline
 
 
