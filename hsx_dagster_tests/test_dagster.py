@@ -154,14 +154,15 @@ def test_bad_settings_fail_at_definition_load_with_the_key(tmp_path, settings_fi
 @pytest.fixture
 def small_settings_file(tmp_path, small_inputs, demo_model_dir) -> Path:
     """28 conversations, two shards, small chunks: the whole pipeline in seconds."""
-    path = tmp_path / "small.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
-        f"  layers: [1, 4]\n  include_final: true\nshards: 2\noutput_dir: out\n"
-        f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.25\n"
-        f"drafter:\n  parity_samples: 4\n"
+    return write_settings(
+        tmp_path / "small.yaml",
+        dataset={"paths": [small_inputs], "max_length": 1024},
+        model={"path": demo_model_dir, "layers": [1, 4], "include_final": True},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8, "max_batch_tokens": 4096, "chunk_mb": 0.25},
+        drafter={"parity_samples": 4},
     )
-    return path
 
 
 def test_all_three_assets_over_every_shard(small_settings_file):

@@ -21,7 +21,7 @@ from hsx_dagster.core.export.specforge import export_specforge, sample_file
 from hsx_dagster.core.export.speculators import ARROW_FILE, export_speculators
 from hsx_dagster.core.layers import resolve_layers
 from hsx_dagster.resources import HsxSettings
-from hsx_dagster_tests.helpers import build_drafter_dataset
+from hsx_dagster_tests.helpers import build_drafter_dataset, write_settings
 
 LAYERS = [1, 3, 4, 7]  # the `speculators` preset for the demo model (8 layers)
 
@@ -134,10 +134,12 @@ def test_interrupted_export_is_never_complete_and_a_rerun_finishes(out, tmp_path
 
 
 def test_assets_materialize_with_mapping_and_command(out, tmp_path, demo_model_dir, small_inputs):
-    settings = tmp_path / "hsx.yaml"
-    settings.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\nmodel:\n  path: {demo_model_dir}\n  layers: speculators\n"
-        f"  include_final: true\nshards: 2\noutput_dir: {out}\n"
+    settings = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs]},
+        model={"path": demo_model_dir, "layers": "speculators", "include_final": True},
+        shards=2,
+        output_dir=out,
     )
     with instance_for_test() as instance:
         result = materialize(

@@ -20,19 +20,21 @@ from hsx_dagster.core.storage.shard_checks import check_shard
 from hsx_dagster.core.storage.shard_store import read_index
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 SHARDS = ("shard-00", "shard-01")
 
 
-def write_settings(path: Path, inputs: list[Path], model_dir: Path) -> Path:
-    listed = ", ".join(str(p) for p in inputs)
-    path.write_text(
-        f"dataset:\n  paths: [{listed}]\n  max_length: 512\nmodel:\n  path: {model_dir}\n  layers: [1, 4]\n"
-        f"shards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 8\n  chunk_mb: 0.25\n"
-        f"drafter:\n  parity_samples: 2\n"
+def living_settings(path: Path, inputs: list[Path], model_dir: Path) -> Path:
+    return write_settings(
+        path,
+        dataset={"paths": inputs, "max_length": 512},
+        model={"path": model_dir, "layers": [1, 4]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8, "chunk_mb": 0.25},
+        drafter={"parity_samples": 2},
     )
-    return path
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ def tokenized_metadata(instance) -> dict:
 
 @pytest.mark.slow  # three passes of the whole pipeline on 28-31 conversations
 def test_grow_by_ten_percent_then_shrink_back_without_start_over(small_inputs, extra_inputs, demo_model_dir, tmp_path):
-    settings_file = write_settings(tmp_path / "hsx.yaml", [small_inputs], demo_model_dir)
+    settings_file = living_settings(tmp_path / "hsx.yaml", [small_inputs], demo_model_dir)
     out = tmp_path / "out"
     with instance_for_test() as instance:
         materialize_all(settings_file, instance)
@@ -81,7 +83,7 @@ def test_grow_by_ten_percent_then_shrink_back_without_start_over(small_inputs, e
         before_chunks = chunk_bytes(out)
         assert len(before_ids) == 28
 
-        write_settings(settings_file, [small_inputs, extra_inputs], demo_model_dir)  # +3 conversations
+        living_settings(settings_file, [small_inputs, extra_inputs], demo_model_dir)  # +3 conversations
         grown = materialize_all(settings_file, instance)
         tokenized = tokenized_metadata(instance)
         assert tokenized["samples_to_extract"] == 3 and tokenized["stale_shards"]  # shown before the shards ran
@@ -92,7 +94,7 @@ def test_grow_by_ten_percent_then_shrink_back_without_start_over(small_inputs, e
         grown_ids = set(DrafterDataset(out / "drafter").sample_ids)
         assert len(grown_ids) == 31 and before_ids < grown_ids
 
-        write_settings(settings_file, [small_inputs], demo_model_dir)  # the file removed again
+        living_settings(settings_file, [small_inputs], demo_model_dir)  # the file removed again
         shrunk = materialize_all(settings_file, instance)
         assert sum(m["samples_this_run"] for m in shrunk.values()) == 0
         assert sum(m["chunks_reclaimed"] for m in shrunk.values()) >= 1  # the new samples' chunks held nothing else

@@ -18,17 +18,20 @@ from hsx_dagster.core.units import format_bytes, format_count, format_duration, 
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.report import summary_lines
 from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster_tests.helpers import write_settings
 
 
 @pytest.fixture
 def small_settings_file(tmp_path, small_inputs, demo_model_dir):
     """28 conversations in two shards (conftest's small_inputs and demo model)."""
-    path = tmp_path / "small.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
-        f"  layers: [1, 4]\nshards: 2\noutput_dir: out\nextraction:\n  devices: [cpu]\n  batch_size: 4\n"
+    return write_settings(
+        tmp_path / "small.yaml",
+        dataset={"paths": [small_inputs], "max_length": 1024},
+        model={"path": demo_model_dir, "layers": [1, 4]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 4},
     )
-    return path
 
 
 @pytest.mark.parametrize(

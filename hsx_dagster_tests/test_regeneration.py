@@ -509,17 +509,17 @@ def test_openai_and_local_backends_agree_at_temperature_zero(tmp_path, server, d
 # -- the Dagster assets, both backends ------------------------------------------------------------
 
 
-def pipeline_settings(tmp_path, small_inputs, demo_model_dir, regenerate_yaml: str) -> Path:
-    path = tmp_path / "hsx.yaml"
-    path.write_text(
-        f"dataset:\n  paths: [{small_inputs}]\n  max_length: 1024\nmodel:\n  path: {demo_model_dir}\n"
-        f"  layers: [1, 4]\nshards: 2\noutput_dir: out\n"
-        f"extraction:\n  devices: [cpu]\n  batch_size: 8\n  max_batch_tokens: 4096\n  chunk_mb: 0.25\n"
-        f"drafter:\n  parity_samples: 2\n"
-        f"regenerate:\n  enabled: true\n  max_tokens: 16\n  temperature: 0.0\n  chunk_conversations: 8\n"
-        + regenerate_yaml
+def pipeline_settings(tmp_path, small_inputs, demo_model_dir, **regenerate) -> Path:
+    return write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [small_inputs], "max_length": 1024},
+        model={"path": demo_model_dir, "layers": [1, 4]},
+        shards=2,
+        output_dir="out",
+        extraction={"devices": ["cpu"], "batch_size": 8, "max_batch_tokens": 4096, "chunk_mb": 0.25},
+        drafter={"parity_samples": 2},
+        regenerate={"enabled": True, "max_tokens": 16, "temperature": 0.0, "chunk_conversations": 8, **regenerate},
     )
-    return path
 
 
 def run_pipeline(settings_file: Path) -> dict:
@@ -566,13 +566,15 @@ def run_pipeline(settings_file: Path) -> dict:
 
 @pytest.mark.slow  # generates with a local model, then runs the whole pipeline
 def test_pipeline_with_regeneration_on_the_local_backend(tmp_path, small_inputs, demo_model_dir):
-    metadata = run_pipeline(pipeline_settings(tmp_path, small_inputs, demo_model_dir, "  backend: local\n"))
+    metadata = run_pipeline(pipeline_settings(tmp_path, small_inputs, demo_model_dir, backend="local"))
     assert metadata["regenerated_conversations"]["backend"].value == "local"
 
 
 @pytest.mark.slow
 def test_pipeline_with_regeneration_on_the_openai_backend(tmp_path, server, small_inputs, demo_model_dir):
-    settings = f"  backend: openai\n  endpoints: [{server.url}]\n  concurrency: 4\n"
-    metadata = run_pipeline(pipeline_settings(tmp_path, small_inputs, demo_model_dir, settings))
+    settings = pipeline_settings(
+        tmp_path, small_inputs, demo_model_dir, backend="openai", endpoints=[server.url], concurrency=4
+    )
+    metadata = run_pipeline(settings)
     assert metadata["regenerated_conversations"]["backend"].value == "openai"
     assert server.url in metadata["regenerated_conversations"]["per_endpoint"].value

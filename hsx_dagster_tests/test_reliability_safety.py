@@ -17,7 +17,7 @@ from hsx_dagster import DrafterDataset, collate_drafter_batch
 from hsx_dagster.core.dataset.assembly import assemble
 from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
 from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster_tests.helpers import shard_job, tokenize
+from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 REPO = Path(__file__).resolve().parents[1]
 PICKLE_PROTOCOL_MARK = b"\x80"  # the first byte of every pickle since protocol 2
@@ -118,7 +118,7 @@ def loaded_by_transformers(monkeypatch) -> list[tuple[str, object]]:
 
 @pytest.mark.parametrize(
     "setting, expected",
-    [("", False), pytest.param("  trust_remote_code: true\n", True, marks=pytest.mark.slow)],  # the quick loop: unset
+    [({}, False), pytest.param({"trust_remote_code": True}, True, marks=pytest.mark.slow)],  # the quick loop: unset
     ids=["unset", "true"],
 )
 def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
@@ -133,11 +133,13 @@ def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
     from hsx_dagster.partitions import shard_partitions
     from hsx_dagster.resources import GpuResource, HsxSettings
 
-    settings_file = tmp_path / "hsx.yaml"
-    settings_file.write_text(
-        f"dataset:\n  paths: [{few_inputs}]\n  max_length: 64\nmodel:\n  path: {demo_model_dir}\n  layers: [1, "
-        f"3]\n{setting}"
-        "shards: 1\noutput_dir: out\nextraction:\n  devices: [cpu]\n"
+    settings_file = write_settings(
+        tmp_path / "hsx.yaml",
+        dataset={"paths": [few_inputs], "max_length": 64},
+        model={"path": demo_model_dir, "layers": [1, 3], **setting},
+        shards=1,
+        output_dir="out",
+        extraction={"devices": ["cpu"]},
     )
     settings = load_settings(settings_file)
     assert settings.model.trust_remote_code is expected
