@@ -64,8 +64,10 @@ demo: data instance
 trainer-env: install
 	$(BIN)/python -c 'from hsx_dagster_tests.trainers.env import trainer_python; print(trainer_python())'
 
+# Two workers, a test module each at a time: the slow tests mostly wait on servers, subprocesses and the trainer
+# environment, and one worker's wait is the other's CPU (the whole suite on 2 cores: docs/benchmarks.md).
 test: data
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 test-quick: data
 	$(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=10

@@ -85,18 +85,27 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"Command: `{command}` ({result['conversations']} demo conversations, {result['epochs']} epochs, machine "
         f"load {result['load']})",
         "",
-        "| drafter | storage | training loss (start -> end) | held-out top-1 agreement | control | ratio | seconds |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| drafter | storage | training loss (start -> end) | held-out top-1 agreement | control | ratio | "
+        "positions | seconds |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for algorithm, runs in result["runs"].items():
         control = runs["control"]["agreement"]
-        for storage in ("bf16", "fp8"):
+        for storage in ("bf16", "fp8", "control"):
             run = runs[storage]
-            ratio = run["agreement"] / control if control else float("inf")
+            ratio = f"{run['agreement'] / control:.1f}x" if control and storage != "control" else ""
             lines.append(
                 f"| {algorithm} | {storage} | {_curve(run['losses'])} | {100 * run['agreement']:.2f}% | "
-                f"{100 * control:.2f}% | {ratio:.1f}x | {run['seconds']:.0f} |"
+                f"{100 * control:.2f}% | {ratio} | {run['val_positions']:,.0f} | {run['seconds']:.0f} |"
             )
+    later = {a: r["bf16"]["accuracy"] for a, r in result["runs"].items() if "position_2_acc" in r["bf16"]["accuracy"]}
+    for algorithm, accuracy in later.items():
+        per_position = ", ".join(
+            f"{name.removesuffix('_acc').replace('_', ' ')} {100 * value:.2f}%"
+            for name, value in sorted(accuracy.items())
+            if name.startswith("position_")
+        )
+        lines += ["", f"{algorithm} bf16 per block position (held out): {per_position}."]
     return "\n".join(lines) + "\n"
 
 
