@@ -382,9 +382,9 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
     assert "probing" in metadata["probes"] and f"of the run (budget {job.probe_budget:.1%})" in metadata["probes"]
     assert isinstance(metadata["probe table"], type(MetadataValue.md("")))
     text = metadata["probe table"].value
-    assert "| probe | max_batch_tokens | batch_size |" in text and "tokens/s" in text
+    assert "| probe | tokens\u00a0×\u00a0rows |" in text and "tokens/s" in text and "**chosen**" in text
     for row in shape.probe_table:
-        assert f"| {row.max_batch_tokens:,} | {row.batch_size:,} |" in text
+        assert f"| {row.max_batch_tokens:,}\u00a0×\u00a0{row.batch_size:,} |" in text
 
     last_run = json.loads((tmp_path / "out" / "complete.json").read_text())["last_run"]
     lines = batch_shape_lines(ExtractionReport.from_dict(last_run))
