@@ -5,6 +5,7 @@ totals (core/dataset/shard_overview.py, hsx_dagster/shard_table.py), and the sam
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 from dagster import AssetKey, instance_for_test, materialize
@@ -12,9 +13,17 @@ from dagster import AssetKey, instance_for_test, materialize
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
-from hsx_dagster.core.extraction.progress import Progress
+from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
+from hsx_dagster.core.extraction.progress import BatchCostModel, Progress
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
+from hsx_dagster.core.units import (
+    format_bytes,
+    format_count,
+    format_duration,
+    format_rate,
+    format_share,
+    parse_duration,
+)
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.report import summary_lines
 from hsx_dagster.resources import GpuResource, HsxSettings
@@ -66,6 +75,64 @@ def test_the_eta_is_weighted_by_tokens_not_samples():
     assert line.endswith("about 1 min 40 s left.") and "100 of 1,000 samples" in line and "100.0 MB committed" in line
     shown = progress.metadata()
     assert shown["time left"] == "1 min 40 s" and shown["progress"] == "50.0% of tokens" and shown["device"] == "cuda:0"
+
+
+def test_the_eta_prices_a_fixed_cost_per_batch_and_runs_to_the_materialization():
+    """One row per batch, each 0.5 s plus 1 ms per token: the short batches at the end of a longest-first shard
+    are mostly that fixed part, which a rate per token leaves out. The first batch (warm-up) is not measured;
+    the time after the last batch (writing, the shard table, the materialization event) is added."""
+    costs = BatchCostModel()
+    costs.add(1000, 1000**2, 60.0)
+    for tokens in (900, 700):
+        costs.add(tokens, tokens**2, 0.5 + 0.001 * tokens)
+    assert costs.seconds_left(10, 1000, 10 * 100**2) is None  # too few batches measured to price the rest
+    costs.add(500, 500**2, 1.0)
+    assert costs.costs() == pytest.approx([0.5, 0.001, 0.0], abs=1e-9)
+    assert costs.seconds_left(10, 1000, 10 * 100**2) == pytest.approx(6.0)
+    rate_only = Progress("shard-00", 4, 14, 3100, 4100, 0, 62.6, 60.0, "cpu")
+    priced = replace(rate_only, loop_left_s=costs.seconds_left(10, 1000, 10 * 100**2), after_loop_s=2.5)
+    assert not rate_only.estimated and rate_only.eta_s == pytest.approx(1000 * 62.6 / 3100)
+    assert priced.estimated and priced.eta_s == pytest.approx(8.5) and priced.metadata()["time left"] == "8.5 s"
+
+
+def test_long_rows_cost_more_per_token_when_batches_fill_a_token_budget():
+    """Batches of 8,192 tokens whose rows get shorter: a cost per token and per token of row length (attention)
+    prices the short rows left at what they cost, where the rate so far (long rows) would overstate it."""
+    costs = BatchCostModel()
+    measured = (4096, 2048, 1024, 512, 256)
+    for length in (4096, *measured):  # the first one warms up
+        costs.add(8192, 8192 * length, 8192 * (1e-3 + 1e-6 * length))
+    left = costs.seconds_left(4, 4 * 8192, 4 * 8192 * 128)
+    assert left == pytest.approx(4 * 8192 * (1e-3 + 1e-6 * 128))
+    rate_so_far = sum(8192 * (1e-3 + 1e-6 * length) for length in measured) / (len(measured) * 8192)
+    assert left < 0.6 * 4 * 8192 * rate_so_far
+
+
+def test_costs_that_cannot_be_told_apart_fall_back_to_the_rate_or_a_single_part():
+    alike = BatchCostModel()  # rows of one length: nothing tells a batch's fixed part from its tokens'
+    for tokens in (4096, 4000, 4096, 4050, 4096):
+        alike.add(tokens, tokens * 4096, tokens / 2000)
+    assert alike.costs() == pytest.approx([0.0, 1 / 2000, 0.0])
+    flat = BatchCostModel()  # smaller batches took no less time: all of it is per batch
+    for tokens, seconds in ((5000, 9.0), (4000, 2.0), (2000, 2.2), (1000, 2.4)):
+        flat.add(tokens, tokens**2, seconds)
+    assert flat.costs() == pytest.approx([2.2, 0.0, 0.0])
+
+
+def test_the_batches_left_follow_the_shape():
+    lengths = [100] * 4 + [10] * 8  # two rows of 100 tokens fit 200; four rows of 10 meet the rows cap
+    order = LengthOrder(lengths)
+    assert order.batches_left(4, 200) == len(plan_batches(lengths, 4, 200)) == 4
+    order.take(4, 200)
+    assert order.batches_left(4, 200) == 3 and order.batches_left(1, 200) == 10
+
+
+@pytest.mark.parametrize("seconds", [0.4, 9.96, 42, 452.46, 20912, 200_000, math.inf])
+def test_a_shown_duration_reads_back_to_its_precision(seconds):
+    shown = format_duration(seconds)
+    assert parse_duration(shown) == pytest.approx(seconds, rel=0.02, abs=0.05)
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("12 parsecs")
 
 
 def test_a_low_forward_share_is_said_in_words():

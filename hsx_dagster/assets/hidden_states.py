@@ -6,6 +6,9 @@ totals first, then this shard's run. While the shard runs, its progress is logge
 asset observation of its partition every `operations.progress_every_s`.
 """
 
+import time
+from dataclasses import replace
+
 from dagster import (
     AssetExecutionContext,
     AssetObservation,
@@ -62,7 +65,10 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         loaded = settings.load()
         shard = context.partition_key
         job = ShardJob.from_settings(loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})")
-        live = ProgressReporter(context, shard, loaded.operations.progress_every_s)
+        # asked once before the extraction too, timed: the time left includes the same question at the end
+        asked = time.perf_counter()
+        shard_table(context.instance, loaded, exclude_run_id=context.run_id)
+        live = ProgressReporter(context, shard, loaded.operations.progress_every_s, time.perf_counter() - asked)
         result = run_shard(job, progress=context.log.info, on_progress=live)
         rows = shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         return MaterializeResult(metadata={**shards_metadata(rows), **hidden_states_metadata(result, job)})
@@ -72,18 +78,25 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
 
 class ProgressReporter:
     """Turns the engine's progress (after every batch) into a run-log sentence and an observation of the shard's
-    partition every ``every_s`` of extraction, the first after ``every_s``: early enough to watch, late enough
-    for the rate, and so the ETA, to have settled."""
+    partition every ``every_s`` of extraction, the first after ``every_s`` once the engine has measured enough
+    batches to price the rest: early enough to watch, late enough for the ETA to mean something.
 
-    def __init__(self, context: AssetExecutionContext, shard: str, every_s: float) -> None:
-        self.context, self.shard, self.every_s = context, shard, every_s
+    The ETA runs to the materialization: after the engine's last batch, this step asks the instance for the
+    table of every shard (``table_s``, timed before the extraction) and records the materialization event
+    (timed as the latest observation's)."""
+
+    def __init__(self, context: AssetExecutionContext, shard: str, every_s: float, table_s: float = 0.0) -> None:
+        self.context, self.shard, self.every_s, self.table_s = context, shard, every_s, table_s
         self.last = 0.0
+        self.event_s = 0.0
 
     def __call__(self, progress: Progress) -> None:
-        if progress.elapsed_s - self.last < self.every_s:
+        if not progress.estimated or progress.elapsed_s - self.last < self.every_s:
             return
         self.last = progress.elapsed_s
+        progress = replace(progress, after_loop_s=progress.after_loop_s + self.table_s + self.event_s)
         self.context.log.info(progress.line())
+        started = time.perf_counter()
         self.context.log_event(
             AssetObservation(
                 asset_key=HIDDEN_STATES,
@@ -93,6 +106,7 @@ class ProgressReporter:
                 metadata={"state": "running", **progress.metadata()},
             )
         )
+        self.event_s = time.perf_counter() - started
 
 
 def shards_metadata(rows: list[ShardRow]) -> dict:

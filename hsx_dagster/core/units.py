@@ -49,6 +49,20 @@ def format_duration(seconds: float) -> str:
     return f"{days} d {hours:02d} h"
 
 
+_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from what `format_duration` wrote: ``7 min 32 s`` -> ``452.0``; ``unknown`` -> inf. For the
+    programs that read a duration shown to people (to the precision shown)."""
+    if text == "unknown":
+        return math.inf
+    words = text.split()
+    if not words or len(words) % 2 or any(unit not in _DURATION_UNITS for unit in words[1::2]):
+        raise ValueError(f"not a duration as format_duration writes them: {text!r}")
+    return sum(float(value) * _DURATION_UNITS[unit] for value, unit in zip(words[::2], words[1::2]))
+
+
 def format_rate(per_second: float, unit: str) -> str:
     """``2611.7, "tokens"`` -> ``2,612 tokens/s``; below 10 with one decimal."""
     if per_second < 10:

@@ -35,8 +35,10 @@ class LengthOrder:
         self.order = np.argsort(-self.lengths, kind="stable")
         sorted_lengths = self.lengths[self.order]
         self._cumulative = np.concatenate([[0], np.cumsum(sorted_lengths)])
+        self._cumulative_squares = np.concatenate([[0], np.cumsum(sorted_lengths**2)])
         self._sorted = sorted_lengths
         self.position = 0
+        self._batch_shares: dict[tuple[int, int], np.ndarray] = {}  # per shape: suffix sums for `batches_left`
 
     def __len__(self) -> int:
         return len(self.order) - self.position
@@ -46,9 +48,24 @@ class LengthOrder:
         return int(self._cumulative[-1] - self._cumulative[self.position])
 
     @property
+    def remaining_squared_lengths(self) -> int:
+        """The sum of the squared lengths of the rows left (what attention's cost grows with)."""
+        return int(self._cumulative_squares[-1] - self._cumulative_squares[self.position])
+
+    @property
     def next_length(self) -> int:
         """Length of the longest row left (0 when none is)."""
         return int(self._sorted[self.position]) if len(self) else 0
+
+    def batches_left(self, batch_size: int, max_batch_tokens: int) -> float:
+        """About how many batches the rows left make when cut with these budgets: each row counts for the share
+        of a batch that rows of its length get. One suffix sum per shape, so asking after every batch is cheap."""
+        key = (batch_size, max_batch_tokens)
+        if key not in self._batch_shares:
+            rows_per_batch = np.maximum(1, np.minimum(batch_size, max_batch_tokens // np.maximum(self._sorted, 1)))
+            shares = np.cumsum((1.0 / rows_per_batch)[::-1])[::-1]
+            self._batch_shares[key] = np.concatenate([shares, [0.0]])
+        return float(self._batch_shares[key][self.position])
 
     def peek(self, batch_size: int, max_batch_tokens: int) -> Batch:
         """The batch `take` would cut with these budgets, without taking it."""

@@ -30,7 +30,7 @@ from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, Shape
 from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
-from hsx_dagster.core.extraction.progress import Progress
+from hsx_dagster.core.extraction.progress import BatchCostModel, Progress
 from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
@@ -163,6 +163,7 @@ def extract_shard(
     counts = _Counts()
     tokens_total = int(lengths.sum())
     show = on_progress or _progress_logger(report, progress_every_s, shaper)
+    time_left = _TimeLeft(order, retry, shaper, lengths)
     try:
         while retry or len(order):
             batch, shape, measured = _next_batch(retry, shaper, order)
@@ -176,17 +177,15 @@ def extract_shard(
                 retry.extendleft(reversed(pieces))
                 counts.oom_splits += 1
                 continue
-            if shape is None:
-                shaper.record_unplanned()
-            else:
-                assert timer.last is not None
-                shaper.record(batch, timer.last)
+            _record_shape(shaper, shape, batch, timer)
             writer.submit(host)
             counts.add(len(rows), batch)
+            loop_left_s = time_left.after(batch)
             show(
                 Progress(
                     shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
                     time.perf_counter() - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
+                    loop_left_s=loop_left_s, after_loop_s=writer.flush_s(),
                 )
             )  # fmt: skip
     finally:
@@ -201,6 +200,39 @@ def _next_batch(retry: deque[Batch], shaper: BatchShaper, order: LengthOrder) ->
         return retry.popleft(), None, False
     shape, measured = shaper.next_shape()
     return order.take(shape.batch_size, shape.max_batch_tokens), shape, measured
+
+
+def _record_shape(shaper: BatchShaper, shape: Shape | None, batch: Batch, timer: LapTimer) -> None:
+    """Tells the shaper what the batch took; a piece of a split batch (no shape) is not timed."""
+    if shape is None:
+        shaper.record_unplanned()
+    else:
+        assert timer.last is not None
+        shaper.record(batch, timer.last)
+
+
+class _TimeLeft:
+    """The extraction's time left after each batch: the batches' wall times (the host's share of a batch counts
+    too) priced by `BatchCostModel`, applied to the pieces waiting after an out-of-memory split and to the rows
+    not cut yet, in batches of the current shape."""
+
+    def __init__(self, order: LengthOrder, retry: deque[Batch], shaper: BatchShaper, lengths: np.ndarray) -> None:
+        self.order, self.retry, self.shaper, self.lengths = order, retry, shaper, lengths
+        self.costs = BatchCostModel()
+        self.batch_started = time.perf_counter()
+
+    def after(self, batch: Batch) -> float | None:
+        now = time.perf_counter()
+        self.costs.add(batch.real_tokens, self._squares(batch), now - self.batch_started)
+        self.batch_started = now
+        order, shape = self.order, self.shaper.current
+        batches = len(self.retry) + (order.batches_left(shape.batch_size, shape.max_batch_tokens) if len(order) else 0)
+        tokens = sum(piece.real_tokens for piece in self.retry) + order.remaining_tokens
+        squares = sum(self._squares(piece) for piece in self.retry) + order.remaining_squared_lengths
+        return self.costs.seconds_left(batches, tokens, squares)
+
+    def _squares(self, batch: Batch) -> int:
+        return int((self.lengths[list(batch.rows)] ** 2).sum())
 
 
 def _progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -97,6 +98,9 @@ class ChunkWriter:
         self.quarantined: list[QuarantineRecord] = []
         self.bytes_written = 0
         self.committed: list[ChunkRecord] = []
+        self.bytes_submitted = 0  # host bytes of the batches handed over
+        self.bytes_flushed = 0  # ... of those written into committed chunks, in write_s seconds
+        self.write_s = 0.0
         self._queue: queue.Queue[HostBatch | None] = queue.Queue(maxsize=queue_depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="hsx-chunk-writer", daemon=True)
@@ -104,12 +108,20 @@ class ChunkWriter:
 
     def submit(self, batch: HostBatch) -> None:
         self._raise_if_failed()
+        self.bytes_submitted += batch.nbytes
         while True:
             try:
                 self._queue.put(batch, timeout=1.0)
                 return
             except queue.Full:
                 self._raise_if_failed()
+
+    def flush_s(self) -> float:
+        """About how long writing what is handed over and not written yet will take, at the pace of the chunks
+        written so far; 0 before the first chunk (nothing measured yet)."""
+        if not self.bytes_flushed:
+            return 0.0
+        return max(self.bytes_submitted - self.bytes_flushed, 0) * self.write_s / self.bytes_flushed
 
     def close(self) -> list[ChunkRecord]:
         """Flush what is pending into a last chunk and stop the thread."""
@@ -178,6 +190,7 @@ class ChunkWriter:
         return batch.without(set(bad))
 
     def _write(self, batches: Sequence[HostBatch]) -> None:
+        started = time.perf_counter()
         lengths = [length for batch in batches for length in batch.lengths]
         offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
@@ -190,3 +203,5 @@ class ChunkWriter:
         record = self.store.commit(tensors, sample_ids, self.metadata, stats)
         self.bytes_written += record.bytes
         self.committed.append(record)
+        self.bytes_flushed += sum(batch.nbytes for batch in batches)
+        self.write_s += time.perf_counter() - started
