@@ -74,7 +74,12 @@ def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOut
         f"{format_duration(extraction_s)} "
         f"({format_share(scan_s / extraction_s)} of it)"
     )
-    metadata = {**outcome.metadata, "checks time": words, "checks_over_extraction": round(scan_s / extraction_s, 4)}
+    metadata = {
+        **outcome.metadata,
+        "checks time": words,
+        "extraction_s": extraction_s,
+        "checks_over_extraction": round(scan_s / extraction_s, 4),
+    }
     return CheckOutcome(outcome.passed, outcome.description, metadata)
 
 
