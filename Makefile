@@ -88,8 +88,9 @@ bench-regen: data
 bench-gpu:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/gpu.py
 
-# dagster dev runs the webserver and the daemon: the retry schedule, the sensor observe_inputs_on_change (an
-# observation without a run when an input changed) and hsx_automation (drafter_dataset once every shard is newer).
+# dagster dev runs the webserver and the daemon, which evaluates the sensors: retry_failed_shards (a backfill of the
+# failed shards), observe_inputs_on_change (an observation without a run when an input changed) and hsx_automation
+# (drafter_dataset once every shard is newer).
 ui: data instance
 	$(BIN)/dagster dev $(DAGSTER_CLI) -h 127.0.0.1 -p 3000
 

@@ -1,4 +1,4 @@
-"""The pipeline's asset keys, declared once; every asset, check, job, schedule and sensor names them from here."""
+"""The pipeline's asset keys, declared once; every asset, check, job and sensor names them from here."""
 
 from dagster import AssetKey
 

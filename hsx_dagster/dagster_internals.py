@@ -12,7 +12,9 @@ The rest of the pipeline uses Dagster's public API only, and these functions whe
 - the concurrency pool's limit row (`hsx_dagster.pools`): Dagster creates it lazily, which races on
   PostgreSQL (dagster-io/dagster#33552), and only its storage can create it ahead of time;
 - the check evaluations per partition and the latest materialization per partition that the retry
-  schedule and the automation condition read;
+  sensor and the automation condition read;
+- a backfill requested by a sensor (`RunRequest.for_asset_graph_subset` takes an `AssetGraphSubset`,
+  which Dagster keeps private), and the partitions of the backfills still running;
 - the stale status the UI shows (tests compare it with what the pipeline expects), and the tag that carries
   an observation's data version (the input sensor records observations without a run).
 
@@ -28,7 +30,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance, Definitions
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    Definitions,
+    PartitionsDefinition,
+    RunRequest,
+)
 from dagster._cli.job import _create_run
 from dagster._cli.workspace.cli_target import (
     WorkspaceOpts,
@@ -38,10 +48,13 @@ from dagster._cli.workspace.cli_target import (
     get_workspace_from_cli_opts,
 )
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.definitions.data_version import DATA_VERSION_TAG, CachingStaleStatusResolver, StaleStatus
+from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log.base import PartitionKeyFilter, PoolLimit
-from dagster._time import get_current_datetime
+from dagster._core.utils import make_new_backfill_id
+from dagster._time import get_current_datetime, get_current_timestamp
 from dagster.version import __version__ as DAGSTER_VERSION
 
 CHECKED_ON = ("1.13.27",)
@@ -53,16 +66,20 @@ __all__ = [
     "CodeLocationJob",
     "PoolLimit",
     "StaleStatus",
+    "backfill_partitions",
+    "backfill_request",
     "code_location_job",
     "delete_pool_limit",
     "failed_check_target_ids",
     "failed_current_checks",
     "initialize_pool_limit",
     "latest_materialization_ids",
+    "partitions_in_running_backfills",
     "pool_limit",
     "pool_limits",
     "set_pool_limit",
     "stale_status",
+    "submit_backfill",
     "supports_pool_limits",
 ]
 
@@ -141,7 +158,7 @@ def delete_pool_limit(instance: DagsterInstance, pool: str) -> None:
     instance.event_log_storage.delete_concurrency_limit(pool)
 
 
-# --- what the retry schedule and the automation condition read ------------------------------
+# --- what the retry sensor and the automation condition read- ------------------------------
 
 
 def failed_current_checks(
@@ -198,3 +215,54 @@ def stale_status(
     )
     resolver = CachingStaleStatusResolver(instance, graph, loading_context=view)
     return [resolver.get_status(key, partition) for key, partition in keys]
+
+
+def backfill_request(
+    key: AssetKey, partitions_def: PartitionsDefinition, partition_keys: Sequence[str], tags: Mapping[str, str]
+) -> RunRequest:
+    """A sensor's request that the sensor daemon submits as one backfill of these partitions of ``key`` (one run
+    per partition when the asset has no backfill policy), each run with ``tags``."""
+    partitions = partitions_def.empty_subset().with_partition_keys(partition_keys)
+    subset = AssetGraphSubset.create_empty_subset()._replace(partitions_subsets_by_asset_key={key: partitions})
+    return RunRequest.for_asset_graph_subset(subset, tags=tags)
+
+
+def backfill_partitions(request: RunRequest, key: AssetKey) -> list[str]:
+    """The partitions of ``key`` a backfill request (from `backfill_request`) asks for."""
+    subset = request.asset_graph_subset
+    if subset is None or key not in subset.partitions_subsets_by_asset_key:
+        return []
+    return sorted(subset.get_partitions_subset(key).get_partition_keys())
+
+
+def submit_backfill(instance: DagsterInstance, request: RunRequest) -> str:
+    """Submit a sensor's backfill request as the sensor daemon does (tests that evaluate a tick themselves); its id."""
+    if request.asset_graph_subset is None:
+        raise ValueError("not a backfill request (from backfill_request)")
+    backfill_id = make_new_backfill_id()
+    instance.add_backfill(
+        PartitionBackfill.from_asset_graph_subset(
+            backfill_id=backfill_id,
+            backfill_timestamp=get_current_timestamp(),
+            tags=request.tags,
+            dynamic_partitions_store=instance,
+            asset_graph_subset=request.asset_graph_subset,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+    )
+    return backfill_id
+
+
+def partitions_in_running_backfills(instance: DagsterInstance, key: AssetKey, tag: str | None = None) -> set[str]:
+    """The partitions of ``key`` that a backfill still in progress targets (its runs may not have started yet);
+    ``tag``: only backfills with that tag."""
+    partitions: set[str] = set()
+    for backfill in instance.get_backfills(status=BulkActionStatus.REQUESTED):
+        if tag is not None and tag not in backfill.tags:
+            continue
+        data = backfill.asset_backfill_data if backfill.is_asset_backfill else None
+        if data is not None and key in data.target_subset.partitions_subsets_by_asset_key:
+            partitions |= set(data.target_subset.get_partitions_subset(key).get_partition_keys())
+    return partitions

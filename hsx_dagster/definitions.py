@@ -20,9 +20,10 @@ from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_co
 from hsx_dagster.automation import build_automation_sensor, build_input_sensor
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import Settings, load_settings
+from hsx_dagster.jobs import build_observe_job, build_shard_job, shard_run_tags
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
-from hsx_dagster.schedules import build_observe_job, build_retry_schedule, build_shard_job
+from hsx_dagster.retries import build_retry_sensor
 
 
 def build_definitions(settings: Settings) -> Definitions:
@@ -37,7 +38,10 @@ def build_definitions(settings: Settings) -> Definitions:
 def _build_definitions(settings: Settings) -> Definitions:
     partitions = shard_partitions(settings)
     shard_job = build_shard_job(partitions, settings.operations.k8s_run_config)
-    retry = build_retry_schedule(shard_job, partitions, settings.operations.retry_cron, settings.operations.max_retries)
+    operations = settings.operations
+    retry = build_retry_sensor(
+        partitions, operations.retry_every_s, operations.max_retries, shard_run_tags(operations.k8s_run_config)
+    )
     tokenization, regeneration_checks = with_regeneration(settings, tokenized_dataset)  # regenerate.enabled
     return Definitions(
         assets=with_source_code_references(
@@ -51,8 +55,7 @@ def _build_definitions(settings: Settings) -> Definitions:
             ]
         ),
         jobs=[shard_job, build_observe_job()],
-        schedules=[retry],
-        sensors=[build_automation_sensor(), build_input_sensor()],
+        sensors=[build_automation_sensor(), build_input_sensor(), retry],
         asset_checks=[
             tokenized_dataset_consistent,
             *regeneration_checks,

@@ -4,7 +4,7 @@ Dagster creates a pool's limit row lazily, when the first step claims a slot. On
 shard runs starting together on a fresh instance both try to insert that row; the loser's insert
 aborts its transaction, Dagster's fallback update then fails too, and that shard's run dies
 (dagster-io/dagster#33552). So the row is created once, ahead of the shards: by the
-`tokenized_dataset` step (which every extraction depends on) and by the retry schedule before it
+`tokenized_dataset` step (which every extraction depends on) and by the retry sensor before it
 launches shards together. Once the row exists with the instance's default, steps never insert it.
 """
 

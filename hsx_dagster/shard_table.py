@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, RunsFilter
 
+from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.core.dataset.shard_overview import ShardRow, shard_rows
 from hsx_dagster.core.settings import Settings
-from hsx_dagster.schedules import ACTIVE, RETRY_SHARD_TAG, failed_shard_checks, retries_used
+from hsx_dagster.dagster_internals import partitions_in_running_backfills
+from hsx_dagster.retries import ACTIVE, RETRY_TAG, failed_shard_checks, retries_used
 
 
 def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: str | None = None) -> list[ShardRow]:
@@ -19,6 +21,7 @@ def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: s
     rows = shard_rows(settings.hidden_states_dir, shards, settings.tokenized_dir)
     failed = failed_shard_checks(instance, shards)
     budget = settings.operations.max_retries
+    retry_backfills = partitions_in_running_backfills(instance, HIDDEN_STATES, tag=RETRY_TAG)
     out = []
     for row in rows:
         active = [
@@ -27,8 +30,10 @@ def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: s
             if run.run_id != exclude_run_id
         ]
         state = None
-        if active:
-            state = "retrying" if any(RETRY_SHARD_TAG in run.tags for run in active) else "running"
+        if any(RETRY_TAG in run.tags for run in active) or (row.shard in retry_backfills and not active):
+            state = "retrying"  # its retry run, or the retry backfill that has not started it yet
+        elif active:
+            state = "running"
         elif row.shard in failed:
             state = "failed check"
         out.append(

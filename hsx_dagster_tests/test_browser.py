@@ -6,7 +6,9 @@ checks tab of `hidden_states` lists its blocking checks as passed, the shard run
 the job `hidden_states_shard`, and the `gpu` pool carries no "no slots configured" warning; that a
 running shard's progress and time left show on the asset's Events tab while it runs, and the
 overview shows every shard in a table with totals; that no metadata table needs a sideways scroll
-at 1,600 px. Screenshots of what a person sees (the overview, the running shard, the checks) are
+at 1,600 px; that a shard whose check fails is retried by the daemon's sensor as a backfill listed
+under Overview > Backfills, whose run heals it. Screenshots of what a person sees (the overview, the
+running shard, the checks, the retry backfill) are
 written to `$HSX_TEST_ARTIFACTS/browser/` (default `test-artifacts/browser/`, git-ignored).
 
 Needs Chromium from the system (Debian: `apt-get install chromium`; .ci/run installs it) and the
@@ -111,7 +113,8 @@ def demo_instance(tmp_path_factory, long_inputs, demo_model_dir, browser_executa
     home = root / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "deploy" / "local" / "dagster.yaml", home / "dagster.yaml")  # what `make instance` writes
-    env = {**os.environ, "HSX_CONFIG": str(settings), "DAGSTER_HOME": str(home)}
+    # the retry sensor every 30 s (its lowest), so the daemon retries a failed shard within the test
+    env = {**os.environ, "HSX_CONFIG": str(settings), "DAGSTER_HOME": str(home), "HSX_OPERATIONS__RETRY_EVERY_S": "30"}
     dagster = str(BIN / "dagster")
     steps = [
         [dagster, "job", "execute", "-m", LOCATION, "-j", "observe_inputs"],
@@ -281,14 +284,16 @@ def test_drafter_follows_by_itself_under_the_daemon_once_every_shard_is_re_mater
 
 
 def test_a_running_shard_shows_its_progress_on_the_asset_page(page, demo_instance, artifacts):
-    """shard-01 extracted again from scratch, one sample per batch and progress every second: while it runs,
+    """shard-01 extracted again from scratch, one sample per batch and progress every 0.2 s: while it runs,
     the asset's Events tab shows its progress and time left (no run log opened), and the first update's time
     left is within 2x of the time the shard really had left until its materialization (first-eta.json)."""
     from dagster import AssetKey, DagsterInstance
 
     settings = Path(demo_instance["HSX_CONFIG"])
     shutil.rmtree(settings.parent / "out" / "hidden_states" / "shard-01")
-    env = {**demo_instance, "HSX_OPERATIONS__PROGRESS_EVERY_S": "1"}
+    # On a quiet machine the shard's batches take about a second in all: updates far more often than a real
+    # shard's minute, so that several land while it runs.
+    env = {**demo_instance, "HSX_OPERATIONS__PROGRESS_EVERY_S": "0.2"}
     config = json.dumps({"resources": {"gpu": {"config": {"batch_size": 1}}}})
     # Its output goes to a file: a pipe nobody reads until the end fills up with the per-second progress lines
     # and blocks the run.
@@ -343,12 +348,16 @@ def wait_for_progress(instance, launch, output: Path):
     from dagster import AssetKey
 
     deadline = time.monotonic() + 600
+    ended_before_this_read = False
     while True:
         records = instance.fetch_observations(AssetKey("hidden_states"), limit=100).records
         progress = [r for r in records if r.partition_key == "shard-01" and "time left" in r.asset_observation.metadata]
         if progress:
             return min(progress, key=lambda r: r.timestamp)
-        assert launch.poll() is None or launch.returncode == 0, output.read_text()[-3000:]
+        ended = launch.poll() is not None
+        if ended and ended_before_this_read:  # read once more after the end: its last events are written
+            raise AssertionError(f"shard-01's run ended without a progress update:\n{output.read_text()[-3000:]}")
+        ended_before_this_read = ended
         assert time.monotonic() < deadline, "no progress observation of shard-01 within 10 minutes"
         time.sleep(1)
 
@@ -376,3 +385,52 @@ def test_no_overview_metadata_table_needs_a_sideways_scroll(page):
     overview = page.open("/assets/hidden_states")
     overview.get_by_text("shards' speed and checks", exact=True).first.wait_for()
     assert overview.evaluate(SIDEWAYS_SCROLL) == []
+
+
+def test_a_damaged_shard_is_healed_by_a_retry_backfill_under_the_daemon(page, demo_instance, artifacts):
+    """A flipped byte in shard-00 fails its integrity check on the shard's next run (the chunk is set aside); the
+    sensor retry_failed_shards, evaluated by the daemon `dagster dev` runs, submits the failed shard as one backfill
+    (Overview > Backfills), whose run re-extracts the set-aside chunk's samples and passes the shard's checks."""
+    from dagster import AssetCheckEvaluation, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from hsx_dagster.retries import RETRY_REASONS_TAG, RETRY_TAG
+
+    folder = Path(demo_instance["HSX_CONFIG"]).parent / "out" / "hidden_states" / "shard-00"
+    chunk = sorted(folder.glob("chunk-*.safetensors"))[-1]
+    damaged = bytearray(chunk.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    chunk.write_bytes(bytes(damaged))
+    checked = subprocess.run(
+        [sys.executable, "-m", "hsx_dagster.launch", "shard-00"],
+        cwd=REPO,
+        env=demo_instance,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert checked.returncode == 1 and "blocking checks failed: shard_integrity" in checked.stdout, checked.stdout
+
+    retry_runs = RunsFilter(tags={RETRY_TAG: "true", "dagster/partition": "shard-00"})
+    with DagsterInstance.from_config(demo_instance["DAGSTER_HOME"]) as instance:
+        deadline = time.monotonic() + 600
+        while not (runs := instance.get_runs(retry_runs, limit=1)) or not runs[0].is_finished:
+            assert time.monotonic() < deadline, "the daemon did not retry shard-00 within 10 minutes"
+            time.sleep(3)
+        (run,) = runs
+        assert run.status == DagsterRunStatus.SUCCESS, run.status
+        assert run.tags.get("dagster/backfill"), run.tags  # a run of the backfill the sensor submitted
+        assert run.tags[RETRY_REASONS_TAG] == (
+            "shard-00: retry 1 of 3 (check shard_integrity failed); 2 left after it"
+        ), run.tags[RETRY_REASONS_TAG]
+        records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+        data = [r.event_log_entry.dagster_event.event_specific_data for r in records if r.event_log_entry.dagster_event]
+        evaluations = {e.check_name: e.passed for e in data if isinstance(e, AssetCheckEvaluation)}
+        assert evaluations == {"shard_coverage": True, "shard_integrity": True, "shard_numerics": True}
+        backfill_id = run.tags["dagster/backfill"]
+
+    backfills = page.open("/overview/backfills")  # Runs > Backfills
+    backfills.get_by_text(backfill_id, exact=True).first.wait_for()
+    listed = backfills.inner_text("body")
+    for words in ("1 partition", "hidden_states", "retry_failed_shards", "hsx/retry-reasons: shard-00: retry 1 of 3"):
+        assert words in listed, (words, listed[:2000])
+    backfills.screenshot(path=str(artifacts / "retry-backfill.png"), full_page=True)

@@ -1,5 +1,5 @@
 """The production instance (deploy/dagster.yaml) on a real PostgreSQL server: two shards
-materialized concurrently by two CLI processes, then the retry schedule against the same storage.
+materialized concurrently by two CLI processes, then the retry sensor against the same storage.
 
 The server is a throwaway cluster started here on 127.0.0.1 (.ci/run installs PostgreSQL)."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, AssetPartitionStatus, DagsterInstance, build_schedule_context
+from dagster import AssetKey, AssetPartitionStatus, DagsterInstance, build_sensor_context
 
 from hsx_dagster import pools
 from hsx_dagster.core.settings import load_settings
@@ -83,7 +83,7 @@ def postgres():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_path, small_inputs, demo_model_dir):
+def test_two_shards_concurrently_then_the_retry_sensor_on_postgres(postgres, tmp_path, small_inputs, demo_model_dir):
     settings_file = write_settings(
         tmp_path / "hsx.yaml",
         dataset={"paths": [small_inputs], "max_length": 512},
@@ -139,9 +139,9 @@ def test_two_shards_concurrently_then_the_schedule_on_postgres(postgres, tmp_pat
                 "shard-00": AssetPartitionStatus.MATERIALIZED,
                 "shard-01": AssetPartitionStatus.MATERIALIZED,
             }
-            schedule = defs.resolve_schedule_def("retry_failed_shards")
-            tick = schedule.evaluate_tick(
-                build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
+            sensor = defs.resolve_sensor_def("retry_failed_shards")
+            tick = sensor.evaluate_tick(
+                build_sensor_context(instance=instance, repository_def=defs.get_repository_def())
             )
             assert tick.skip_message == "no failed hidden_states shard"
     finally:

@@ -123,13 +123,12 @@ def test_shard_keys_widen_past_100():
     assert shard_keys(100)[-1] == "shard-99"
 
 
-def test_retry_cron_is_checked(project):
-    with pytest.raises(SettingsError, match=r"key `operations.retry_cron`: .*five fields.*'every 15 minutes'"):
-        load_settings(write(project, BASE + "operations:\n  retry_cron: every 15 minutes\n"))
-    assert (
-        load_settings(write(project, BASE + "operations:\n  retry_cron: '0 */2 * * mon-fri'\n")).operations.max_retries
-        == 3
-    )
+def test_the_retry_interval_is_checked_and_the_old_cron_key_named(project):
+    with pytest.raises(SettingsError, match=r"key `operations.retry_cron`: replaced by `operations.retry_every_s`"):
+        load_settings(write(project, BASE + "operations:\n  retry_cron: '*/15 * * * *'\n"))
+    with pytest.raises(SettingsError, match=r"key `operations.retry_every_s`: .*greater than or equal to 30"):
+        load_settings(write(project, BASE + "operations:\n  retry_every_s: 5\n"))
+    assert load_settings(write(project, BASE + "operations:\n  retry_every_s: 3600\n")).operations.retry_every_s == 3600
 
 
 def test_the_reference_table_in_the_docs_is_generated_from_the_declarations():

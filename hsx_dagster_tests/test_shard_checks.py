@@ -1,6 +1,6 @@
 """Shard-level checks: the core functions on good and damaged shard folders, and the blocking checks
 on each `hidden_states` partition through the `hidden_states_shard` job on a real instance, with the
-retry schedule treating a shard that fails its check as failed."""
+retry sensor treating a shard that fails its check as failed."""
 
 import json
 import re
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from dagster import AssetKey, DagsterInstance, build_schedule_context, instance_for_test, materialize
+from dagster import AssetKey, DagsterInstance, build_sensor_context, instance_for_test, materialize
 from safetensors import safe_open
 from safetensors.torch import save
 
+from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.assets.drafter import drafter_dataset
 from hsx_dagster.assets.shard_checks import SHARD_CHECKS
 from hsx_dagster.assets.tokenized import tokenized_dataset
@@ -25,6 +26,7 @@ from hsx_dagster.core.storage.shard_checks import (
     check_shard_numerics,
 )
 from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.dagster_internals import backfill_partitions
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.resources import HsxSettings
 from hsx_dagster_tests.helpers import write_settings
@@ -203,17 +205,16 @@ def _flip_a_byte(path: Path) -> None:
 @pytest.mark.parametrize(
     ("shard", "damage", "reason"), [("shard-01", _flip_a_byte, "checksum"), ("shard-00", Path.unlink, "missing")]
 )
-def test_damage_is_healed_by_the_retry_schedule_alone(extracted, shard, damage, reason):
+def test_damage_is_healed_by_the_retry_sensor_alone(extracted, shard, damage, reason):
     """Done-when of #24: a flipped byte or a deleted chunk fails the shard's blocking check, which sets the chunk
-    aside; the retry schedule's run re-extracts exactly its samples; the checks pass; the dataset assembles; every
+    aside; the retry sensor's run re-extracts exactly its samples; the checks pass; the dataset assembles; every
     other chunk is untouched."""
     defs, instance = extracted.defs, extracted.instance
-    schedule = defs.resolve_schedule_def("retry_failed_shards")
+    sensor = defs.resolve_sensor_def("retry_failed_shards")
 
     def tick():
-        return schedule.evaluate_tick(
-            build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
-        )
+        context = build_sensor_context(instance=instance, repository_def=defs.get_repository_def())
+        return sensor.evaluate_tick(context)
 
     assert tick().skip_message == "no failed hidden_states shard"
     folder = extracted.out / "hidden_states" / shard
@@ -233,8 +234,8 @@ def test_damage_is_healed_by_the_retry_schedule_alone(extracted, shard, damage, 
     assert (folder / removed["kept_as"]).is_file() == (reason != "missing")  # moved aside, never deleted
     assert record.chunk not in {r.chunk for r in read_index(folder)}
 
-    (request,) = tick().run_requests  # the schedule alone: its request, run as the daemon would run it
-    assert request.partition_key == shard
+    (request,) = tick().run_requests  # the sensor alone: its backfill, run as the daemon would run it
+    assert backfill_partitions(request, HIDDEN_STATES) == [shard]
     retried = extracted.run_shard(shard, **request.tags)
     assert all(e.passed for e in extracted.evaluations(retried).values())
     metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata

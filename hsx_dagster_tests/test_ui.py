@@ -1,5 +1,5 @@
 """The UI: the webserver on 127.0.0.1 serves the three assets, the shard partitions, the checks and
-the retry schedule, read through its GraphQL API as the UI reads them."""
+the sensors, read through its GraphQL API as the UI reads them."""
 
 import json
 import os
@@ -18,11 +18,13 @@ pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the
 REPO = Path(__file__).resolve().parents[1]
 QUERY = """{
   assetNodes { assetKey { path } partitionKeys assetChecksOrError { ... on AssetChecks { checks { name blocking } } } }
-  repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name cronSchedule } } } }
+  repositoriesOrError {
+    ... on RepositoryConnection { nodes { schedules { name } sensors { name minIntervalSeconds } } }
+  }
 }"""
 
 
-def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path):
+def test_webserver_graphql_shows_assets_partitions_checks_and_the_retry_sensor(tmp_path):
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "HSX_SHARDS": "3"}
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -69,5 +71,7 @@ def test_webserver_graphql_shows_assets_partitions_checks_and_schedule(tmp_path)
     }
     shard_checks = {c["name"]: c["blocking"] for c in nodes["hidden_states"]["assetChecksOrError"]["checks"]}
     assert shard_checks == {"shard_coverage": True, "shard_integrity": True, "shard_numerics": True}
-    schedules = [s for repo in data["repositoriesOrError"]["nodes"] for s in repo["schedules"]]
-    assert [(s["name"], s["cronSchedule"]) for s in schedules] == [("retry_failed_shards", "*/15 * * * *")]
+    repositories = data["repositoriesOrError"]["nodes"]
+    assert [s for repo in repositories for s in repo["schedules"]] == []
+    sensors = {s["name"]: s["minIntervalSeconds"] for repo in repositories for s in repo["sensors"]}
+    assert sensors["retry_failed_shards"] == 900  # operations.retry_every_s

@@ -202,8 +202,15 @@ class DrafterSettings(_Section):
 
 
 class OperationsSettings(_Section):
-    retry_cron: str = Field("*/15 * * * *", description="When `retry_failed_shards` looks for failed shards")
-    max_retries: int = Field(3, ge=0, description="Retries of one shard by the schedule since its last success")
+    retry_every_s: float = Field(
+        900.0,
+        ge=30,
+        description="How often the sensor `retry_failed_shards` looks for failed shards (each tick's retries: one "
+        "backfill)",
+    )
+    max_retries: int = Field(
+        3, ge=0, description="Retries of one shard by `retry_failed_shards` since its last success"
+    )
     progress_every_s: float = Field(
         60.0, gt=0, description="How often a running shard reports its progress to its asset page and run log"
     )
@@ -212,13 +219,6 @@ class OperationsSettings(_Section):
         description="YAML of the `dagster-k8s/config` tag for shard runs on Kubernetes "
         "(deploy/k8s/shard-run-config.yaml)",
     )
-
-    @field_validator("retry_cron")
-    @classmethod
-    def _five_cron_fields(cls, value: str) -> str:
-        if len(value.split()) != 5 or not re.fullmatch(r"[\d*/,\-A-Za-z\s]+", value):
-            raise ValueError("a cron expression has five fields, e.g. '*/15 * * * *'")
-        return value
 
 
 class RegenerateSettings(_Section):

@@ -22,6 +22,11 @@ from hsx_dagster.core.settings import Settings, SettingsError
 
 CONFIG_ENV_VAR = "HSX_CONFIG"
 DEFAULT_SETTINGS_FILE = "hsx.yaml"
+# Keys of earlier releases: what replaced them, said instead of "unknown key".
+RETIRED_KEYS = {
+    "operations.retry_cron": "replaced by `operations.retry_every_s` (seconds, e.g. 900): failed shards are "
+    "retried by the sensor retry_failed_shards, one backfill per tick",
+}
 
 
 def settings_path(path: str | os.PathLike[str] | None = None) -> Path:
@@ -122,7 +127,7 @@ def _describe_validation_error(file: Path, exc: ValidationError) -> str:
     for error in exc.errors():
         key = _dotted(error["loc"])
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = RETIRED_KEYS.get(key, "unknown key")
         elif error["type"] == "missing":
             message = "required key is missing"
         else:
