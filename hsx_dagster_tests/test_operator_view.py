@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
+import hsx_dagster.assets.hidden_states as hidden_states_asset
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
@@ -176,3 +177,18 @@ def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(smal
     assert re.search(r"shard-01 +complete +14/14", report) and re.search(r"shard-00 +not started +0/14", report)
     size = re.search(r"[\d.]+ [KMGT]?B", metadata["shard"].value).group(0)
     assert size in report  # the same size, the same unit, in the UI and the report
+
+
+@pytest.mark.slow  # tokenizes and extracts a shard
+def test_the_first_update_comes_early_and_the_next_after_the_interval(small_settings_file, monkeypatch):
+    """A person who launched a shard sees its time left after FIRST_UPDATE_AFTER_S, not a whole interval."""
+    monkeypatch.setenv("HSX_OPERATIONS__PROGRESS_EVERY_S", "3600")
+    monkeypatch.setattr(hidden_states_asset, "FIRST_UPDATE_AFTER_S", 0.001)
+    settings = load_settings(small_settings_file)
+    resources = {"settings": HsxSettings(path=str(small_settings_file)), "gpu": GpuResource.from_settings(settings)}
+    with instance_for_test() as instance:
+        assert materialize([tokenized_dataset], resources=resources, instance=instance).success
+        hidden_states = build_hidden_states(shard_partitions(settings))
+        assert materialize([hidden_states], resources=resources, partition_key="shard-01", instance=instance).success
+        records = instance.fetch_observations(AssetKey("hidden_states"), limit=100).records
+        assert len(records) == 1 and records[0].asset_observation.metadata["state"].value == "running"

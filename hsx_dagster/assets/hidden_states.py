@@ -3,7 +3,7 @@
 Thin over `hsx_dagster.core.extraction.shard_run`: settings and the `gpu` resource in, a shard job out to the
 core engine, the run's figures back as materialization metadata, readable at a glance: the table of every shard with
 totals first, then this shard's run. While the shard runs, its progress is logged and recorded as an
-asset observation of its partition every `operations.progress_every_s`.
+asset observation of its partition: soon after it starts, then every `operations.progress_every_s`.
 """
 
 import time
@@ -76,10 +76,13 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
     return extract_hidden_states
 
 
+FIRST_UPDATE_AFTER_S = 10.0  # a person who just launched a shard wants its time left soon, not after a full interval
+
+
 class ProgressReporter:
     """Turns the engine's progress (after every batch) into a run-log sentence and an observation of the shard's
-    partition every ``every_s`` of extraction, the first after ``every_s`` once the engine has measured enough
-    batches to price the rest: early enough to watch, late enough for the ETA to mean something.
+    partition: the first once the engine has measured enough batches to price the rest and FIRST_UPDATE_AFTER_S
+    of extraction have passed (``every_s`` if shorter), then every ``every_s``.
 
     The ETA runs to the materialization: after the engine's last batch, this step asks the instance for the
     table of every shard (``table_s``, timed before the extraction) and records the materialization event
@@ -91,7 +94,8 @@ class ProgressReporter:
         self.event_s = 0.0
 
     def __call__(self, progress: Progress) -> None:
-        if not progress.estimated or progress.elapsed_s - self.last < self.every_s:
+        wait_s = self.every_s if self.last else min(self.every_s, FIRST_UPDATE_AFTER_S)
+        if not progress.estimated or progress.elapsed_s - self.last < wait_s:
             return
         self.last = progress.elapsed_s
         progress = replace(progress, after_loop_s=progress.after_loop_s + self.table_s + self.event_s)
