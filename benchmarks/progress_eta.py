@@ -49,7 +49,8 @@ def shard_updates(home: Path) -> list[dict]:
             for update in updates:
                 eta = parse_duration(update.asset_observation.metadata["time left"].value)
                 real = done.timestamp - update.timestamp
-                points.append({"eta_s": eta, "real_s": round(real, 1), "ratio": round(eta / real, 2)})
+                ratio = round(eta / real, 2) if real > 0 else None  # an update in the shard's last instant
+                points.append({"eta_s": eta, "real_s": round(real, 1), "ratio": ratio})
             rows.append(
                 {
                     "shard": shard,
@@ -78,13 +79,17 @@ def render(rows: list[dict], meta: dict) -> str:
     ]
     for row in rows:
         first = row["updates"][0]
-        later = ", ".join(f"{p['ratio']:.2f}" for p in row["updates"][1:]) or "-"
+        later = ", ".join(_ratio(p["ratio"]) for p in row["updates"][1:]) or "-"
         lines.append(
             f"| {row['shard']} | {row['samples_this_run']} | {format_duration(row['first_update_after_s'])} | "
-            f"{format_duration(first['eta_s'])} | {format_duration(first['real_s'])} | {first['ratio']:.2f}x | "
+            f"{format_duration(first['eta_s'])} | {format_duration(first['real_s'])} | {_ratio(first['ratio'])} | "
             f"{later} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def main() -> int:

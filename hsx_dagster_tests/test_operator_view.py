@@ -6,11 +6,13 @@ totals (core/dataset/shard_overview.py, hsx_dagster/shard_table.py), and the sam
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
 import hsx_dagster.assets.hidden_states as hidden_states_asset
+from benchmarks.progress_eta import shard_updates
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
@@ -168,6 +170,10 @@ def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(smal
         assert " of " in first["samples"].value and first["time left"].value != "unknown"
         logged = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.endswith("left.")]
         assert len(logged) == len(observations) and logged[0].startswith("shard-01: ")
+        # what benchmarks/progress_eta.py reads back: each update's time left against the real time left
+        (row,) = shard_updates(Path(instance.root_directory))
+        assert (row["shard"], row["run_id"], len(row["updates"])) == ("shard-01", result.run_id, len(observations))
+        assert all(update["real_s"] >= 0 and update["eta_s"] >= 0 for update in row["updates"])
 
         metadata = instance.get_latest_materialization_event(AssetKey("hidden_states")).asset_materialization.metadata
         table = metadata["shards"].value

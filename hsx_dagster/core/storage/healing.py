@@ -1,6 +1,6 @@
 """Self-healing: a chunk the checks found damaged (checksum, header, samples) or missing is taken out of its
 shard's index, moved to ``set_aside/`` with the reason recorded (never deleted), and the shard is no longer
-marked complete; its samples are then pending, and the shard's next run (the retry schedule's, or one by hand)
+marked complete; its samples are then pending, and the shard's next run (the retry sensor's, or one by hand)
 extracts exactly those again. How a chunk leaves the index, crash-safely: chunk_removal.py."""
 
 from __future__ import annotations

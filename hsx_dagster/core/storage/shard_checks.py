@@ -1,7 +1,7 @@
 """Checks of one hidden-state shard folder, from one read of each chunk (`scan_shard`), as `CheckOutcome`s.
 
 They run on the partition a run has just materialized, so a damaged or incomplete shard is caught
-on the shard that is wrong (where the retry schedule can act), not later on the assembled dataset:
+on the shard that is wrong (where the retry sensor can act), not later on the assembled dataset:
 
 - coverage: every tokenized sample of the shard is committed or quarantined exactly once, and the ids
   and loss mask stored beside each sample's states are the tokenized ones (committed samples whose input
@@ -16,7 +16,7 @@ on the shard that is wrong (where the retry schedule can act), not later on the 
 Every chunk is read once for all three (chunk_scan.py): about the time of ``sha256sum`` over the shard.
 With ``heal=True`` (the Dagster check), a damaged or missing chunk is then taken out of the index (moved to
 ``set_aside/`` with the reason, healing.py): its samples are pending, and the next run of the shard (the retry
-schedule's) extracts exactly those again.
+sensor's) extracts exactly those again.
 """
 
 from __future__ import annotations
