@@ -85,6 +85,9 @@ def test_specforge_files_have_the_layout_its_reader_takes(out, tmp_path):
         index_of = {sid: i for i, sid in enumerate(dataset.sample_ids)}
         for row in (0, len(files) - 1):
             data = torch.load(files[row], weights_only=True)  # tensors only
+            # the file holds its own tensors' bytes, not the storage of the chunk they were read from
+            payload = sum(t.numel() * t.element_size() for t in data.values())
+            assert files[row].stat().st_size < payload + 4096, (files[row].stat().st_size, payload)
             sample = dataset[index_of[order[row]]]
             assert data["input_ids"].dtype == torch.int64 and torch.equal(data["input_ids"], sample["input_ids"])
             assert torch.equal(data["loss_mask"], sample["loss_mask"].to(torch.int64))

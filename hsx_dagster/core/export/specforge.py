@@ -54,8 +54,11 @@ def sample_tensors(sample: dict, mapping: LayerMapping, layout: str) -> dict[str
     concatenated = states.flatten(1).unsqueeze(0).contiguous()  # [1, T, K*H], layers in mapping order
     tensors = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
     if layout == "dflash":
-        return {**tensors, "hidden_states": concatenated}
-    return {**tensors, "aux_hidden_state": concatenated, "hidden_state": sample["final_hidden_states"].unsqueeze(0)}
+        tensors["hidden_states"] = concatenated
+    else:
+        tensors |= {"aux_hidden_state": concatenated, "hidden_state": sample["final_hidden_states"].unsqueeze(0)}
+    # torch.save writes a tensor's whole storage: a view into the chunk read from would carry the chunk along
+    return {name: tensor.clone(memory_format=torch.contiguous_format) for name, tensor in tensors.items()}
 
 
 def train_command(path: Path, model_path: str, layout: str) -> str:
