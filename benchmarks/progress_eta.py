@@ -64,8 +64,8 @@ def shard_updates(home: Path) -> list[dict]:
 
 
 def _run_start(instance, run_id: str) -> float:
-    record = instance.get_run_record_by_id(run_id)
-    return record.start_time if record is not None and record.start_time else record.create_timestamp.timestamp()
+    record = instance.get_run_record_by_id(run_id)  # the run that materialized the shard: it exists
+    return record.start_time or record.create_timestamp.timestamp()
 
 
 def render(rows: list[dict], meta: dict) -> str:

@@ -158,7 +158,7 @@ def delete_pool_limit(instance: DagsterInstance, pool: str) -> None:
     instance.event_log_storage.delete_concurrency_limit(pool)
 
 
-# --- what the retry sensor and the automation condition read- ------------------------------
+# --- what the retry sensor and the automation condition read -------------------------------
 
 
 def failed_current_checks(

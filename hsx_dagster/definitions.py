@@ -37,11 +37,10 @@ def build_definitions(settings: Settings) -> Definitions:
 
 def _build_definitions(settings: Settings) -> Definitions:
     partitions = shard_partitions(settings)
-    shard_job = build_shard_job(partitions, settings.operations.k8s_run_config)
     operations = settings.operations
-    retry = build_retry_sensor(
-        partitions, operations.retry_every_s, operations.max_retries, shard_run_tags(operations.k8s_run_config)
-    )
+    run_tags = shard_run_tags(operations.k8s_run_config)  # the shard job's runs and the retry backfills' runs
+    shard_job = build_shard_job(partitions, run_tags)
+    retry = build_retry_sensor(partitions, operations.retry_every_s, operations.max_retries, run_tags)
     tokenization, regeneration_checks = with_regeneration(settings, tokenized_dataset)  # regenerate.enabled
     return Definitions(
         assets=with_source_code_references(

@@ -16,13 +16,13 @@ def shard_run_tags(k8s_run_config: Path | None) -> dict[str, str]:
     return {"dagster-k8s/config": json.dumps(yaml.safe_load(k8s_run_config.read_text(encoding="utf-8")))}
 
 
-def build_shard_job(partitions_def: StaticPartitionsDefinition, k8s_run_config: Path | None = None):
-    """The job that runs one shard."""
+def build_shard_job(partitions_def: StaticPartitionsDefinition, run_tags: dict[str, str] | None = None):
+    """The job that runs one shard; ``run_tags``: `shard_run_tags`."""
     return define_asset_job(
         "hidden_states_shard",
         selection=AssetSelection.assets(HIDDEN_STATES),
         partitions_def=partitions_def,
-        tags=shard_run_tags(k8s_run_config),
+        tags=run_tags or {},
         description="One hidden_states shard per run (one run per GPU).",
     )
 

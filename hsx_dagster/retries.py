@@ -113,9 +113,7 @@ def plan_retries(instance, failed: Sequence[str], check_failed: dict[str, list[s
     plan = RetryPlan()
     in_backfills = partitions_in_running_backfills(instance, HIDDEN_STATES)
     for shard in failed:
-        if shard in in_backfills or instance.get_runs_count(
-            RunsFilter(tags={"dagster/partition": shard}, statuses=ACTIVE)
-        ):
+        if shard in in_backfills or active_shard_runs(instance, shard, limit=1):
             plan.busy.append(shard)
             continue
         attempts = retries_used(instance, shard)
@@ -126,6 +124,11 @@ def plan_retries(instance, failed: Sequence[str], check_failed: dict[str, list[s
         left = max_retries - attempts - 1
         plan.retries[shard] = f"retry {attempts + 1} of {max_retries} ({why}); {left} left after it"
     return plan
+
+
+def active_shard_runs(instance, shard: str, limit: int) -> list:
+    """Runs of ``shard`` queued, starting or in progress (at most ``limit``)."""
+    return list(instance.get_runs(RunsFilter(tags={"dagster/partition": shard}, statuses=ACTIVE), limit=limit))
 
 
 def failed_shard_checks(instance, shards: Sequence[str]) -> dict[str, list[str]]:

@@ -6,13 +6,13 @@ retries of the budget `retry_failed_shards` has used on it.
 
 from __future__ import annotations
 
-from dagster import DagsterInstance, RunsFilter
+from dagster import DagsterInstance
 
 from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.core.dataset.shard_overview import ShardRow, shard_rows
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.dagster_internals import partitions_in_running_backfills
-from hsx_dagster.retries import ACTIVE, RETRY_TAG, failed_shard_checks, retries_used
+from hsx_dagster.retries import RETRY_TAG, active_shard_runs, failed_shard_checks, retries_used
 
 
 def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: str | None = None) -> list[ShardRow]:
@@ -24,11 +24,7 @@ def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: s
     retry_backfills = partitions_in_running_backfills(instance, HIDDEN_STATES, tag=RETRY_TAG)
     out = []
     for row in rows:
-        active = [
-            run
-            for run in instance.get_runs(RunsFilter(tags={"dagster/partition": row.shard}, statuses=ACTIVE), limit=5)
-            if run.run_id != exclude_run_id
-        ]
+        active = [run for run in active_shard_runs(instance, row.shard, limit=5) if run.run_id != exclude_run_id]
         state = None
         if any(RETRY_TAG in run.tags for run in active) or (row.shard in retry_backfills and not active):
             state = "retrying"  # its retry run, or the retry backfill that has not started it yet

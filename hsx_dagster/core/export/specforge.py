@@ -51,14 +51,21 @@ def sample_file(row: int) -> str:
 def sample_tensors(sample: dict, mapping: LayerMapping, layout: str) -> dict[str, torch.Tensor]:
     """One file's tensors, shaped as SpecForge's offline normaliser for ``layout`` reads them."""
     states = sample["hidden_states"][:, list(mapping.aux_positions)]  # [T, K, H]
-    concatenated = states.flatten(1).unsqueeze(0).contiguous()  # [1, T, K*H], layers in mapping order
+    concatenated = states.flatten(1).unsqueeze(0)  # [1, T, K*H], layers in mapping order (indexing copied them)
     tensors = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
     if layout == "dflash":
         tensors["hidden_states"] = concatenated
     else:
         tensors |= {"aux_hidden_state": concatenated, "hidden_state": sample["final_hidden_states"].unsqueeze(0)}
-    # torch.save writes a tensor's whole storage: a view into the chunk read from would carry the chunk along
-    return {name: tensor.clone(memory_format=torch.contiguous_format) for name, tensor in tensors.items()}
+    return {name: _owning(tensor) for name, tensor in tensors.items()}
+
+
+def _owning(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with a storage of its own: torch.save writes a tensor's whole storage, so a view into the chunk
+    it was read from would carry the chunk along. Copied only when it is such a view."""
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def train_command(path: Path, model_path: str, layout: str) -> str:
