@@ -18,8 +18,9 @@ import yaml
 from hsx_dagster.core.extraction.shard_run import ShardJob
 from hsx_dagster.core.inputs.tokenization import tokenize_dataset
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
+from hsx_dagster.core.model_info import ModelInfo
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
-from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage.provenance import ChunkLayout, ShardProvenance, StoredLayers
 
 _MODEL_KEYS = {"include_final", "trust_remote_code"}
 _JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget"}
@@ -46,6 +47,19 @@ def shard_job(
     job.setdefault("shard", "shard-00")
     job.setdefault("shard_index", int(job["shard"].rsplit("-", 1)[1]))
     return ShardJob(model=model, layer_ids=tuple(layer_ids), extraction=ExtractionSettings(**keys), **job)
+
+
+def batch_bytes(
+    model_path: Path,
+    layer_ids: Sequence[int],
+    tokens: int,
+    include_final: bool = False,
+    storage_dtype: str = "bfloat16",
+) -> int:
+    """What a batch of ``tokens`` tokens takes in a chunk: as a chunk size, chunks of whole batches (one each)."""
+    hidden = ModelInfo.read(Path(model_path)).require_hidden_size()
+    layout = ChunkLayout(StoredLayers(tuple(layer_ids), include_final), hidden, storage_dtype)
+    return tokens * sum(spec.nbytes for spec in layout.row_specs().values())
 
 
 def tokenize(
@@ -130,7 +144,9 @@ def build_drafter_dataset(
     from hsx_dagster.core.extraction.shard_run import run_shard
 
     tokenize(inputs, model_path, out / "tokenized", shards=len(shards), max_length=1024)
-    keys = {"batch_size": 8, "max_batch_tokens": 4096, "chunk_bytes": 200_000, **keys}
+    keys = {"batch_size": 8, "max_batch_tokens": 4096, **keys}
+    stored = {key: keys[key] for key in ("include_final", "storage_dtype") if key in keys}
+    keys.setdefault("chunk_bytes", batch_bytes(model_path, layer_ids, keys["max_batch_tokens"], **stored))
     for index, shard in enumerate(shards):
         job = shard_job(
             shard=shard,

@@ -146,14 +146,16 @@ def test_resume_after_a_crash_gives_the_same_content(tokenized, dense_model_dir,
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_shard(make_job(tokenized, out, dense_model_dir, layers, batch_size=4, chunk_bytes=1))
     index_lines = (out / SHARD_INDEX_FILE).read_text().splitlines()
-    assert len(index_lines) == 3  # the three finished batches were committed, one chunk each
+    committed = [json.loads(line)["samples"] for line in index_lines]
+    assert sum(committed) == 12  # the three finished batches of 4 were committed
+    assert committed == [1] * 12  # chunk_bytes=1: every sample alone in its chunk (a chunk never outgrows it)
     first_chunks = {line: (out / json.loads(line)["chunk"]).stat().st_mtime_ns for line in index_lines}
     assert not (out / "complete.json").exists()
 
     monkeypatch.setattr(Backbone, "forward", original)
     result = run_shard(make_job(tokenized, out, dense_model_dir, layers, batch_size=4, chunk_bytes=1))
     assert result.report.samples_skipped == 12 and result.report.samples == 28 - 12
-    assert (out / SHARD_INDEX_FILE).read_text().splitlines()[:3] == index_lines
+    assert (out / SHARD_INDEX_FILE).read_text().splitlines()[:12] == index_lines
     assert all((out / json.loads(line)["chunk"]).stat().st_mtime_ns == mtime for line, mtime in first_chunks.items())
     resumed = stored_samples(out)
     assert resumed.keys() == clean.keys()
@@ -213,12 +215,16 @@ def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
     assert payload < result.totals.bytes < payload + tokens * 6 + 64 * 1024
 
 
+BATCH_OF_FOUR = 4 * 1024 * (2 * 64 * 4 + 5)  # four samples of at most 1,024 tokens, 2 float32 layers of 64
+
+
 def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir, tmp_path):
     """A crash between rename and index append leaves an orphan chunk; one during the append leaves a
     torn index line; one during a write leaves a temporary. A re-run removes all three and redoes
     exactly the uncommitted samples."""
     out = tmp_path / "out"
-    run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
+    # Chunks of whole batches (none is cut): the samples redone form the batch they formed in the first run.
+    run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=BATCH_OF_FOUR))
     clean = stored_samples(out)
     lines = (out / SHARD_INDEX_FILE).read_text().splitlines(keepends=True)
     last = json.loads(lines[-1])
@@ -227,7 +233,7 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir,
     (out / ".chunk-000099.safetensors.tmp-123").write_bytes(b"half a chunk")
     (out / "complete.json").unlink()
 
-    result = run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
+    result = run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=BATCH_OF_FOUR))
     assert result.report.samples == last["samples"]
     assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == []
     assert (out / SHARD_INDEX_FILE).read_text().endswith("\n") and len(

@@ -32,7 +32,9 @@ from hsx_dagster_tests.helpers import shard_job, tokenize
 
 pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop
 
-CHUNK_BYTES = 250_000  # about one batch of four samples: several chunks per shard
+# A batch of four samples of at most 256 tokens (2 bfloat16 layers of 64, ids and mask): chunks of whole batches,
+# several per shard.
+CHUNK_BYTES = 4 * 256 * (2 * 64 * 2 + 5)
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,17 @@
 """One settings file for the whole pipeline, validated before any expensive work.
 
-`hsx.yaml` at the repository root is the default; `HSX_CONFIG` names another file. Any key can be
-overridden from the environment as ``HSX_<SECTION>__<KEY>`` (e.g. ``HSX_EXTRACTION__BATCH_SIZE=64``);
-the environment wins over the file. Relative paths resolve against the settings file's folder, so a
-settings file can be moved together with its data.
+`hsx.yaml` at the repository root is the default; `HSX_CONFIG` names another file. Any key can be overridden from
+the environment as ``HSX_<SECTION>__<KEY>`` (e.g. ``HSX_EXTRACTION__BATCH_SIZE=64``); the environment wins over the
+file. Relative paths resolve against the settings file's folder, so a settings file can be moved with its data.
 
-Every setting is declared once, here: its type (choices from `hsx_dagster.core.choices`), default and
-description. The core takes these sections as they are (no copy of a field with its own default), the
-Dagster layer generates its run config from them (`hsx_dagster.resources`), and the reference table of
-docs/configuration.md is generated from the descriptions (`hsx_dagster.core.settings_reference`).
+Every setting is declared once, here: its type (choices from `hsx_dagster.core.choices`), default and description.
+The core takes these sections as they are (no copy of a field with its own default), the Dagster layer generates its
+run config from them (`hsx_dagster.resources`), and the reference table of docs/configuration.md is generated from
+the descriptions (`hsx_dagster.core.settings_reference`).
 
-Every error names the file, the key and the bad value (``SettingsError``), and is raised before
-model weights are touched: the model directory is checked from its ``config.json`` alone
-(`load_settings`, in `hsx_dagster.core.settings_file`, which reads it once and keeps it as `model_info`).
+Every error names the file, the key and the bad value (``SettingsError``), and is raised before model weights are
+touched: the model directory is checked from its ``config.json`` alone (`load_settings`, in
+`hsx_dagster.core.settings_file`, which reads it once and keeps it as `model_info`).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_la
 from hsx_dagster.core.model_info import ModelInfo
 
 SHARD_KEY = re.compile(r"shard-\d{2,}")
-DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the GPUs it guards
+DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the GPUs (and the cores) it guards
 
 
 class SettingsError(ValueError):
@@ -160,6 +159,9 @@ class ExtractionSettings(_Section):
         "fixes it",
     )
     chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file, in MiB")
+    host_threads: AutoOrPositive = Field(
+        "auto", description="PyTorch's threads per shard run: `auto` = its share of the cores of a shared host"
+    )
     device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
     device_lock_dir: Path = Field(DEFAULT_LOCK_DIR, description="Per-host folder of GPU claims (one run per GPU)")
     on_mismatch: OnMismatch = Field(
@@ -340,8 +342,7 @@ class Settings(BaseSettings):
     regenerate: RegenerateSettings = RegenerateSettings()
     export: ExportSettings = ExportSettings()
 
-    # Where the settings came from, for messages and provenance, and what the model's config.json says (read
-    # once, by load_settings): not settings keys.
+    # Where the settings came from and what the model's config.json says (read once, by load_settings): not keys.
     _source: Path | None = None
     _model_info: ModelInfo | None = None
 
@@ -425,8 +426,7 @@ class Settings(BaseSettings):
         return self.hidden_states_dir / self.shard_keys[self.shard_index(key)]
 
     def public_dict(self) -> dict[str, Any]:
-        """JSON-ready settings, for metadata and manifests."""
-        return json.loads(self.model_dump_json())
+        return json.loads(self.model_dump_json())  # JSON-ready settings, for metadata and manifests
 
 
 def shard_keys(count: int) -> list[str]:

@@ -29,13 +29,14 @@ import torch
 from hsx_dagster.core.extraction.backbone import Backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, Shape
 from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
+from hsx_dagster.core.extraction.batch_states import copy_to_host, stage_states
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
+from hsx_dagster.core.extraction.host_path import HostPath
 from hsx_dagster.core.extraction.progress import BatchCostModel, Progress
 from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage.chunk_writer import ChunkWriter, HostBatch
+from hsx_dagster.core.storage.chunk_writer import ChunkWriter, StagedBatch
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
-from hsx_dagster.core.storage.quantization import FP8_DTYPE, SCALES_SUFFIX, block_size_for, quantize
 from hsx_dagster.core.storage.shard_store import ShardStore
 
 log = logging.getLogger(__name__)
@@ -158,27 +159,27 @@ def extract_shard(
     )
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
-    slots = backbone.info.layers.slot_names
-    writer = ChunkWriter(store, extraction.chunk_bytes, metadata, nan_policy=extraction.nan_policy, slot_names=slots)
     counts = _Counts()
     tokens_total = int(lengths.sum())
     show = on_progress or _progress_logger(report, progress_every_s, shaper)
     time_left = _TimeLeft(order, retry, shaper, lengths)
-    try:
+    with HostPath(store, backbone.info, extraction, metadata, device) as host:
+        writer = host.writer
         while retry or len(order):
+            host.size_threads()
             batch, shape, measured = _next_batch(retry, shaper, order)
             rows = todo[list(batch.rows)]
+            staged = writer.stage(all_ids[rows].tolist(), lengths[list(batch.rows)].tolist())
             try:
-                host = _run_batch(
-                    backbone, rows, input_ids, loss_mask, all_ids, storage_dtype, pad_token_id, timer, measured
-                )
+                _run_batch(backbone, rows, input_ids, loss_mask, staged, storage_dtype, pad_token_id, timer, measured)
             except Exception as error:  # only out-of-memory is recoverable here
+                writer.abandon(staged)
                 pieces = _split_after_out_of_memory(error, shard, batch, shape, shaper, lengths, device, report)
                 retry.extendleft(reversed(pieces))
                 counts.oom_splits += 1
                 continue
             _record_shape(shaper, shape, batch, timer)
-            writer.submit(host)
+            writer.submit(staged)
             counts.add(len(rows), batch)
             loop_left_s = time_left.after(batch)
             show(
@@ -188,9 +189,7 @@ def extract_shard(
                     loop_left_s=loop_left_s, after_loop_s=writer.flush_s(),
                 )
             )  # fmt: skip
-    finally:
-        # Whatever was extracted is committed, even when the run stops on an error.
-        chunks = writer.close()
+    chunks = writer.committed
     return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
 
 
@@ -334,15 +333,18 @@ def _run_batch(
     rows: np.ndarray,
     input_ids: pa.ListArray,
     loss_mask: pa.ListArray,
-    sample_ids: np.ndarray,
+    staged: StagedBatch,
     storage_dtype: torch.dtype,
     pad_token_id: int,
     timer: LapTimer,
     measured: bool = False,
-) -> HostBatch:
+) -> None:
+    """One forward pass over ``rows`` (right-padded), its states gathered, reduced and copied into the ``staged``
+    rows on the device (batch_states.py); on a GPU the copy is still under way when this returns (``staged.ready``)."""
     ids_per_row = [input_ids[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
-    masks_per_row = [loss_mask[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
     lengths = [len(ids) for ids in ids_per_row]
+    if lengths != staged.lengths:
+        raise RuntimeError(f"the tokenized rows hold {lengths} tokens where num_tokens says {staged.lengths}")
     longest = max(lengths)
     padded = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
     attention = np.zeros((len(rows), longest), dtype=np.int64)
@@ -351,69 +353,33 @@ def _run_batch(
         attention[k, : len(ids)] = 1
     device = next(backbone.model.parameters()).device
     cuda = device.type == "cuda"
-    input_tensor = torch.from_numpy(padded)
-    mask_tensor = torch.from_numpy(attention)
+    input_tensor, mask_tensor = torch.from_numpy(padded), torch.from_numpy(attention)
+    positions = None
     if cuda:
-        input_tensor = input_tensor.pin_memory().to(device, non_blocking=True)
-        mask_tensor = mask_tensor.pin_memory().to(device, non_blocking=True)
-
-    # Flat positions of the real tokens (row by row, in order), computed on the host: gathering with
-    # a boolean mask on the device would force a device-to-host synchronisation every batch.
-    positions = torch.from_numpy(np.concatenate([k * longest + np.arange(n) for k, n in enumerate(lengths)]))
-    if cuda:
-        positions = positions.pin_memory().to(device, non_blocking=True)
-
+        # Flat positions of the real tokens (row by row, in order), computed on the host: gathering with a boolean
+        # mask on the device would force a device-to-host synchronisation every batch.
+        positions = torch.from_numpy(np.concatenate([k * longest + np.arange(n) for k, n in enumerate(lengths)]))
+        input_tensor, mask_tensor, positions = (
+            tensor.pin_memory().to(device, non_blocking=True) for tensor in (input_tensor, mask_tensor, positions)
+        )
+    views = staged.views
     started = timer.start(sync=measured)
     captured = backbone.forward(input_tensor, mask_tensor)
-    slots = backbone.info.layers.capture_keys
-    hidden_size = captured[slots[0]].shape[-1]
-    fp8 = storage_dtype == FP8_DTYPE
-    # Layers are gathered into one [T, L, H] tensor; fp8 gathers in the compute dtype, then quantises.
-    gathered = torch.empty(
-        (len(positions), len(slots), hidden_size),
-        dtype=captured[slots[0]].dtype if fp8 else storage_dtype,
-        device=device,
+    info = backbone.info
+    copies = stage_states(
+        captured, info.layers.capture_keys, lengths, positions, views, storage_dtype, info.include_final
     )
-    for slot, key in enumerate(slots):
-        gathered[:, slot] = captured[key].reshape(-1, hidden_size).index_select(0, positions)  # cast on copy
     del captured
-    nonfinite = ~torch.isfinite(gathered).all(dim=-1)  # [T, slots]: screened on the host, no sync here
-    states = {"hidden_states": gathered}
-    if fp8:
-        quantized, scales = quantize(gathered, block_size_for(hidden_size))
-        states = {"hidden_states": quantized, "hidden_states" + SCALES_SUFFIX: scales}
-    if backbone.info.include_final:  # stored apart: [T, H]
-        states = {name: tensor[:, :-1] for name, tensor in states.items()} | {
-            name.replace("hidden_states", "final_hidden_states"): tensor[:, -1] for name, tensor in states.items()
-        }
     timer.stop(started, sync=measured)
-
-    ready = None
+    copy_to_host(copies)
+    ids_rows, mask_rows, start = views["input_ids"].numpy(), views["loss_mask"].numpy(), 0
+    for r, ids in zip(rows, ids_per_row):
+        ids_rows[start : start + len(ids)] = ids
+        mask_rows[start : start + len(ids)] = loss_mask[int(r)].values.to_numpy(zero_copy_only=False)
+        start += len(ids)
     if cuda:
-        states = {name: _to_host(tensor) for name, tensor in states.items()}
-        nonfinite = _to_host(nonfinite)
-        ready = torch.cuda.Event()
-        ready.record()
-    else:  # slices of one buffer: make each stored tensor its own contiguous block
-        states = {name: tensor.contiguous() for name, tensor in states.items()}
-    return HostBatch(
-        sample_ids=[int(sample_ids[r]) for r in rows],
-        lengths=lengths,
-        tensors={
-            "input_ids": torch.from_numpy(np.concatenate(ids_per_row).astype(np.int32)),
-            "loss_mask": torch.from_numpy(np.concatenate(masks_per_row).astype(np.uint8)),
-            **states,
-        },
-        nonfinite=nonfinite,
-        ready=ready,
-    )
-
-
-def _to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """One non-blocking copy into pinned host memory (PyTorch caches pinned blocks between batches)."""
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)  # contiguous, unlike a slice
-    host.copy_(tensor, non_blocking=True)
-    return host
+        staged.ready = torch.cuda.Event()
+        staged.ready.record()
 
 
 def _split(batch: Batch, lengths: np.ndarray, budget: int) -> list[Batch]:

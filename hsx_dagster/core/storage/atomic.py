@@ -10,18 +10,24 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+Buffer = bytes | bytearray | memoryview
+
 
 class StoreError(RuntimeError):
     """The output cannot be used as asked (held by another run, made from other inputs, full disk, ...)."""
 
 
-def write_atomic(path: Path, payload: bytes) -> None:
+def write_atomic(path: Path, payload: Buffer | Sequence[Buffer]) -> None:
     """Temporary name, flush, fsync, rename, fsync the folder: the file is whole or absent, and a
-    failed write (a full disk) leaves no temporary behind."""
+    failed write (a full disk) leaves no temporary behind. ``payload``: the bytes, or buffers written one after
+    another from their own memory (a chunk's pieces: chunk_file.py)."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    parts = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else list(payload)
+    size = sum(memoryview(part).nbytes for part in parts)
     try:
         with open(temporary, "wb") as handle:
-            handle.write(payload)
+            for part in parts:
+                handle.write(part)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
@@ -30,7 +36,7 @@ def write_atomic(path: Path, payload: bytes) -> None:
             temporary.unlink()
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StoreError(
-                f"{path}: no space left on device writing {len(payload):,} bytes; free space under {path.parent} "
+                f"{path}: no space left on device writing {size:,} bytes; free space under {path.parent} "
                 "and run again (what was committed before is kept)"
             ) from exc
         raise

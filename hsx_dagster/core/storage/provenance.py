@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hsx_dagster import __version__
 from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.storage.atomic import StoreError, write_atomic
@@ -31,6 +33,7 @@ from hsx_dagster.core.storage.format import (
     STORAGE_DTYPES,
 )
 from hsx_dagster.core.storage.quantization import SCALE_DTYPE, block_size_for, scale_layout
+from hsx_dagster.core.storage.staging import RowSpec
 
 FINAL_SLOT = "final"
 
@@ -95,6 +98,24 @@ class ChunkLayout:
             for tensor, (_, shape) in list(expected.items()):
                 expected[tensor + SCALES_SUFFIX] = (SAFETENSORS_DTYPE_NAMES[SCALE_DTYPE], [*shape[:-1], columns])
         return expected
+
+    def row_specs(self) -> dict[str, RowSpec]:
+        """Per token, the shape and dtype of every token-major tensor a chunk holds (the rows the writer stages)."""
+        dtype = STORAGE_DTYPES[self.storage_dtype]
+        layers, hidden = len(self.layers.ids), self.hidden_size
+        specs = {
+            "input_ids": RowSpec((), torch.int32),
+            "loss_mask": RowSpec((), torch.uint8),
+            "hidden_states": RowSpec((layers, hidden), dtype),
+        }
+        if self.layers.include_final:
+            specs["final_hidden_states"] = RowSpec((hidden,), dtype)
+        if dtype == FP8_DTYPE:
+            columns = hidden // block_size_for(hidden)
+            specs["hidden_states" + SCALES_SUFFIX] = RowSpec((layers, columns), SCALE_DTYPE)
+            if self.layers.include_final:
+                specs["final_hidden_states" + SCALES_SUFFIX] = RowSpec((columns,), SCALE_DTYPE)
+        return specs
 
 
 # Keys that describe the shard without defining its content (the model's description is derived from its

@@ -10,20 +10,19 @@ file (released by the kernel when the process dies) keeps two runs of one shard 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import typing
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.torch import save as safetensors_bytes
 
 from hsx_dagster.core.choices import OnMismatch
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, write_atomic
+from hsx_dagster.core.storage.chunk_file import ChunkTensor, write_chunk
 from hsx_dagster.core.storage.chunk_removal import NO_CURRENT_SAMPLES, finish_removals, read_removed, remove_chunks
 from hsx_dagster.core.storage.files import FileLock
 from hsx_dagster.core.storage.format import (
@@ -180,21 +179,23 @@ class ShardStore:
 
     def commit(
         self,
-        tensors: dict[str, torch.Tensor],
+        tensors: Sequence[ChunkTensor],
         sample_ids: list[int],
         metadata: dict[str, str],
-        stats: dict | None = None,
+        stats: dict | None,
+        hasher: Executor,
     ) -> ChunkRecord:
-        """Write one chunk atomically, then record it in the index (with its write-time ``stats``)."""
+        """Write one chunk atomically, hashed while it is written (chunk_file.py), then record it in the index (with
+        its write-time ``stats``)."""
         name = self.next_chunk_name()
-        payload = safetensors_bytes(tensors, metadata=metadata)
-        write_atomic(self.directory / name, payload)
+        size, sha256 = write_chunk(self.directory / name, tensors, metadata, hasher)
+        tokens = next(tensor.rows for tensor in tensors if tensor.name == "input_ids")
         record = ChunkRecord(
             chunk=name,
             samples=len(sample_ids),
-            tokens=int(tensors["input_ids"].numel()),
-            bytes=len(payload),
-            sha256=hashlib.sha256(payload).hexdigest(),
+            tokens=tokens,
+            bytes=size,
+            sha256=sha256,
             sample_ids=list(sample_ids),
             stats=stats,
         )
