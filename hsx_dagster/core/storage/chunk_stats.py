@@ -76,7 +76,7 @@ def nonfinite_samples(flags: np.ndarray, lengths: Sequence[int], slot_names: Seq
     found, start = {}, 0
     for position, length in enumerate(lengths):
         sample = flags[start : start + length]
-        bad_slots = [bool(bad) for bad in sample.any(axis=0)]
+        bad_slots = [bool(bad) for bad in np.asarray(sample.any(axis=0)).tolist()]
         if any(bad_slots):
             tokens = int(sample.any(axis=1).sum())
             layers = ", ".join(name for name, bad in zip(slot_names, bad_slots) if bad)
