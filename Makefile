@@ -5,8 +5,9 @@
 #               every core, a module per worker (its module fixtures built once)
 #   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
-#   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}
-#   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}
+#   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}, then the
+#               host path at real widths: <date>-host-path.{json,md}
+#   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}, <date>-host-path-gpu.*
 #   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
 
 PYTHON ?= python3
@@ -79,6 +80,7 @@ check: install
 
 bench: data
 	$(BIN)/python -m benchmarks.cpu
+	$(BIN)/python -m benchmarks.host_path
 
 bench-regen: data
 	$(BIN)/python -m benchmarks.regeneration
@@ -87,6 +89,7 @@ bench-regen: data
 # runs with a GPU box's own Python when there is no .venv.
 bench-gpu:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/gpu.py
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/host_path.py --device cuda
 
 # dagster dev runs the webserver and the daemon, which evaluates the sensors: retry_failed_shards (a backfill of the
 # failed shards), observe_inputs_on_change (an observation without a run when an input changed) and hsx_automation

@@ -56,6 +56,12 @@ def render(results: dict) -> str:
             f"{r['mean_tokens']} tokens, "
             f"{r['rounds']} rounds, attention {r['attn_implementation']}{kernel}; built in {r['build_s']} s"
         )
+        if "states_gb_per_s_at_bare_pace" in r:
+            lines.append(
+                f"  - states to store: {r['states_gb_per_s_at_bare_pace']} GB/s at the bare forward's pace, "
+                f"{r['states_gb_per_s_pipeline']} GB/s stored by the pipeline (the host path's own rate: "
+                "benchmarks/host_path.py --device cuda)"
+            )
         load = r.get("loading") or {}
         if "load_s" in load:
             lines.append(

@@ -138,12 +138,20 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         "contestants": figures,
         "pipeline_over_naive": paired("naive", "pipeline"),
         "pipeline_over_bare": paired("bare", "pipeline"),
+        # What the host must keep pace with: the bytes the pipeline stores, at the bare forward's pace (the host-path
+        # benchmark, benchmarks/host_path.py, measures how fast the host stores them).
+        "states_gb_per_s_at_bare_pace": round(figures["pipeline"]["bytes_on_disk"] / 1e9 / _median_s(runs["bare"]), 3),
+        "states_gb_per_s_pipeline": round(figures["pipeline"]["bytes_on_disk"] / 1e9 / _median_s(runs["pipeline"]), 3),
         "batch_shape": _auto_row(runs, ["bare", *sweep], auto_reports),
     }
     del causal_lm, backbone
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _median_s(entries: list[dict]) -> float:
+    return float(np.median([entry["seconds"] for entry in entries]))
 
 
 def _auto_row(runs: dict[str, list[dict]], bare: list[str], reports: list[dict]) -> dict:

@@ -113,3 +113,34 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
     assert target["measured"] == workers["speedup"]["median"]
     assert target["met"] == (workers["speedup"]["median"] >= workers["target_speedup"])
     assert {row["target"].split(" ")[0] for row in results["targets"]} >= {"pipeline", "padding", "bytes", "peak"}
+
+
+def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_path):
+    """The host-path benchmark runs as `make bench-gpu` runs it (a script, the device's part on the given device) and
+    reports every contestant of every configuration with figures that follow from its runs."""
+    command = [
+        sys.executable,
+        "benchmarks/host_path.py",
+        "--smoke",
+        "--results",
+        str(tmp_path),
+        "--out-dir",
+        str(tmp_path),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("*-host-path-smoke.json")
+    results = json.loads(path.read_text())
+    assert {entry["config"]["dtype"] for entry in results["configs"]} == {"bfloat16", "float8_e4m3"}
+    for entry in results["configs"]:
+        runs, summary = entry["runs"], entry["summary"]
+        assert set(runs) == {"device", "pipeline", "plain write", "sha256sum"}
+        pipeline = runs["pipeline"][0]
+        assert pipeline["bytes"] == runs["sha256sum"][0]["bytes"] > 0  # sha256sum hashed what the pipeline stored
+        assert runs["device"][0]["bytes"] <= pipeline["bytes"]  # the states, ids and masks; the chunks add headers
+        assert summary["stored_gb"] == round(pipeline["bytes"] / 1e9, 3)
+        assert summary["pipeline_gb_per_s"] == pytest.approx(pipeline["bytes"] / 1e9 / pipeline["wall_s"], rel=0.01)
+        host = (pipeline["cpu_s"] - runs["device"][0]["cpu_s"]) / (pipeline["bytes"] / 1e9)
+        assert summary["host_cpu_s_per_gb"] == pytest.approx(host, rel=0.01, abs=0.01)
+    assert not list(tmp_path.glob("host-path-*"))  # every run's scratch folder is gone
+    assert "| 256 x 4 float8_e4m3 |" in path.with_suffix(".md").read_text()
