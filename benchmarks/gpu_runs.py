@@ -138,10 +138,7 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
         "contestants": figures,
         "pipeline_over_naive": paired("naive", "pipeline"),
         "pipeline_over_bare": paired("bare", "pipeline"),
-        # What the host must keep pace with: the bytes the pipeline stores, at the bare forward's pace (the host-path
-        # benchmark, benchmarks/host_path.py, measures how fast the host stores them).
-        "states_gb_per_s_at_bare_pace": round(figures["pipeline"]["bytes_on_disk"] / 1e9 / _median_s(runs["bare"]), 3),
-        "states_gb_per_s_pipeline": round(figures["pipeline"]["bytes_on_disk"] / 1e9 / _median_s(runs["pipeline"]), 3),
+        **_states_rates(figures["pipeline"]["bytes_on_disk"], runs),
         "batch_shape": _auto_row(runs, ["bare", *sweep], auto_reports),
     }
     del causal_lm, backbone
@@ -150,8 +147,14 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
     return result
 
 
-def _median_s(entries: list[dict]) -> float:
-    return float(np.median([entry["seconds"] for entry in entries]))
+def _states_rates(stored: int, runs: dict[str, list[dict]]) -> dict:
+    """What the host must keep pace with: the GB the pipeline stores per second at the bare forward's pace, and
+    what the pipeline stored per second (benchmarks/host_path.py measures the host path's own rate)."""
+
+    def per_s(contestant: str) -> float:
+        return round(stored / 1e9 / float(np.median([entry["seconds"] for entry in runs[contestant]])), 3)
+
+    return {"states_gb_per_s_at_bare_pace": per_s("bare"), "states_gb_per_s_pipeline": per_s("pipeline")}
 
 
 def _auto_row(runs: dict[str, list[dict]], bare: list[str], reports: list[dict]) -> dict:
