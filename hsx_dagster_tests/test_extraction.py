@@ -215,16 +215,13 @@ def test_no_padding_is_stored(tokenized, demo_model_dir, tmp_path):
     assert payload < result.totals.bytes < payload + tokens * 6 + 64 * 1024
 
 
-BATCH_OF_FOUR = 4 * 1024 * (2 * 64 * 4 + 5)  # four samples of at most 1,024 tokens, 2 float32 layers of 64
-
-
 def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir, tmp_path):
     """A crash between rename and index append leaves an orphan chunk; one during the append leaves a
     torn index line; one during a write leaves a temporary. A re-run removes all three and redoes
     exactly the uncommitted samples."""
     out = tmp_path / "out"
-    # Chunks of whole batches (none is cut): the samples redone form the batch they formed in the first run.
-    run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=BATCH_OF_FOUR))
+    # chunk_bytes=1: every batch is cut into chunks of one sample; the one redone is computed in its batch again.
+    run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
     clean = stored_samples(out)
     lines = (out / SHARD_INDEX_FILE).read_text().splitlines(keepends=True)
     last = json.loads(lines[-1])
@@ -233,7 +230,7 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir,
     (out / ".chunk-000099.safetensors.tmp-123").write_bytes(b"half a chunk")
     (out / "complete.json").unlink()
 
-    result = run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=BATCH_OF_FOUR))
+    result = run_shard(make_job(tokenized, out, dense_model_dir, (1, 4), batch_size=4, chunk_bytes=1))
     assert result.report.samples == last["samples"]
     assert sorted(p.name for p in out.iterdir() if ".tmp" in p.name) == []
     assert (out / SHARD_INDEX_FILE).read_text().endswith("\n") and len(

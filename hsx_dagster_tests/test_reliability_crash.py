@@ -24,7 +24,14 @@ from safetensors import safe_open
 from hsx_dagster.core.extraction.shard_run import run_shard
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage import atomic as atomic_module
-from hsx_dagster.core.storage.format import COMPLETE_FILE, LOCK_FILE, SET_ASIDE_DIR, SHARD_FILE, SHARD_INDEX_FILE
+from hsx_dagster.core.storage.format import (
+    COMPLETE_FILE,
+    LOCK_FILE,
+    SET_ASIDE_DIR,
+    SHARD_FILE,
+    SHARD_INDEX_FILE,
+    SPLIT_BATCHES_FILE,
+)
 from hsx_dagster.core.storage.shard_checks import check_shard
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests import shard_child
@@ -35,6 +42,9 @@ pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the
 # A batch of four samples of at most 256 tokens (2 bfloat16 layers of 64, ids and mask): chunks of whole batches,
 # several per shard.
 CHUNK_BYTES = 4 * 256 * (2 * 64 * 2 + 5)
+# Chunks smaller than most batches: a batch is cut into several, and a crash between them leaves it half committed
+# (its other samples are computed in the same batch again: replay.py).
+CUT_CHUNK_BYTES = 100_000
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +54,7 @@ def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     return out
 
 
-def job_for(tokenized: Path, out: Path, model: Path) -> dict:
+def job_for(tokenized: Path, out: Path, model: Path, chunk_bytes: int = CHUNK_BYTES) -> dict:
     return dict(
         shard="shard-00",
         shard_index=0,
@@ -56,7 +66,7 @@ def job_for(tokenized: Path, out: Path, model: Path) -> dict:
         storage_dtype="bfloat16",
         batch_size=4,
         max_batch_tokens=4096,
-        chunk_bytes=CHUNK_BYTES,
+        chunk_bytes=chunk_bytes,
     )
 
 
@@ -93,7 +103,8 @@ def assert_clean_and_equal(out: Path, reference: dict) -> None:
     """The shard equals the uninterrupted one and holds nothing but committed work."""
     committed = {record.chunk for record in read_index(out)}
     names = {path.name for path in out.iterdir()}
-    assert names == committed | {SHARD_INDEX_FILE, SHARD_FILE, COMPLETE_FILE, LOCK_FILE}, names
+    # and the log of the batches cut into several chunks, when some were (core/extraction/replay.py)
+    assert names - {SPLIT_BATCHES_FILE} == committed | {SHARD_INDEX_FILE, SHARD_FILE, COMPLETE_FILE, LOCK_FILE}, names
     assert (out / SHARD_INDEX_FILE).read_bytes().endswith(b"\n")
     stored = stored_bytes(out)
     assert stored.keys() == reference.keys()
@@ -132,12 +143,13 @@ KILLS = [
 ]
 
 
+@pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, CUT_CHUNK_BYTES], ids=["whole-batches", "cut-batches"])
 @pytest.mark.parametrize("point, at", KILLS, ids=[point for point, _ in KILLS])
 def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(
-    point, at, tokenized, demo_model_dir, reference, forkserver, tmp_path
+    point, at, chunk_bytes, tokenized, demo_model_dir, reference, forkserver, tmp_path
 ):
     out = tmp_path / "shard-00"
-    job = job_for(tokenized, out, demo_model_dir)
+    job = job_for(tokenized, out, demo_model_dir, chunk_bytes)
     child = forkserver.Process(target=shard_child.run_and_kill, args=(job, point, at))
     child.start()
     child.join(timeout=300)
@@ -250,4 +262,30 @@ def test_sigkill_while_healing_a_damaged_chunk_resumes(
     stored = stored_bytes(out)
     assert stored.keys() == reference.keys()
     for sample_id in reference:
+        assert stored[sample_id] == reference[sample_id], f"sample {sample_id} differs from the uninterrupted run"
+
+
+def test_a_damaged_chunk_of_a_cut_batch_heals_to_the_uninterrupted_bytes(
+    tokenized, demo_model_dir, reference, tmp_path
+):
+    """Its samples are extracted again in the batch they first formed (split_batches.jsonl), not alone."""
+    out = tmp_path / "shard-00"
+    job = job_for(tokenized, out, demo_model_dir, CUT_CHUNK_BYTES)
+    with one_thread():
+        run_shard(shard_job(**job))
+    logged = [json.loads(line)["sample_ids"] for line in (out / SPLIT_BATCHES_FILE).read_text().splitlines()]
+    damaged = next(r for r in read_index(out) if any(set(r.sample_ids) < set(batch) for batch in logged))
+    data = bytearray((out / damaged.chunk).read_bytes())
+    data[-3] ^= 0x01
+    (out / damaged.chunk).write_bytes(bytes(data))
+    assert not check_shard(out, tokenized, "shard-00", heal=True)["shard_integrity"].passed
+
+    with one_thread():
+        result = run_shard(shard_job(**job))
+    assert result.report.samples == damaged.samples  # only its samples stored again, though their batch ran whole
+    assert result.report.computed_tokens > sum(len(reference[i]["input_ids"]) // 4 for i in damaged.sample_ids)
+    assert all(outcome.passed for outcome in check_shard(out, tokenized, "shard-00").values())
+    stored = stored_bytes(out)
+    assert stored.keys() == reference.keys()
+    for sample_id in damaged.sample_ids:
         assert stored[sample_id] == reference[sample_id], f"sample {sample_id} differs from the uninterrupted run"

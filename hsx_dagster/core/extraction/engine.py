@@ -32,7 +32,8 @@ from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
 from hsx_dagster.core.extraction.batch_states import copy_to_host, stage_states
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
 from hsx_dagster.core.extraction.host_path import HostPath
-from hsx_dagster.core.extraction.progress import BatchCostModel, Progress
+from hsx_dagster.core.extraction.progress import Progress, TimeLeft, progress_logger
+from hsx_dagster.core.extraction.replay import Replay, covered, plan_replays
 from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, StagedBatch
@@ -140,57 +141,120 @@ def extract_shard(
     storage_dtype = STORAGE_DTYPES[extraction.storage_dtype]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    all_ids = samples.column("sample_id").to_numpy()
-    todo = np.flatnonzero(store.pending_mask(all_ids) if pending is None else pending)
-    lengths = samples.column("num_tokens").to_numpy()[todo].astype(np.int64)
-    input_ids = samples.column("input_ids").combine_chunks()
-    loss_mask = samples.column("loss_mask").combine_chunks()
-    if len(todo) < len(all_ids):
-        report(f"{shard}: resuming, {len(all_ids) - len(todo)} of {len(all_ids)} samples already committed")
+    rows = _Rows.of(samples, store, pending)
+    if rows.to_extract < rows.total:
+        report(f"{shard}: resuming, {rows.total - rows.to_extract} of {rows.total} samples already committed")
+    lengths = rows.lengths[rows.todo]
     order = LengthOrder(lengths)
-    shaper = BatchShaper(
-        extraction.batch_size,
-        extraction.max_batch_tokens,
-        device,
-        order,
-        budget_fraction=probe_budget,
-        report=report,
-        shard=shard,
-    )
+    shaper = BatchShaper(extraction.batch_size, extraction.max_batch_tokens, device, order,
+                         budget_fraction=probe_budget, report=report, shard=shard)  # fmt: skip
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
     counts = _Counts()
-    tokens_total = int(lengths.sum())
-    show = on_progress or _progress_logger(report, progress_every_s, shaper)
-    time_left = _TimeLeft(order, retry, shaper, lengths)
+    show = on_progress or progress_logger(report, progress_every_s, shaper)
+    time_left = TimeLeft(order, retry, shaper, lengths)
+
+    def run(table_rows: np.ndarray, keep: np.ndarray | None, measured: bool) -> StagedBatch:
+        staged = writer.stage(rows.ids[table_rows].tolist(), rows.lengths[table_rows].tolist(), keep)
+        try:
+            _run_batch(backbone, table_rows, rows.input_ids, rows.loss_mask, staged, storage_dtype, pad_token_id, timer,
+                       measured)  # fmt: skip
+        except BaseException:
+            writer.abandon(staged)
+            raise
+        return staged
+
+    def shown() -> None:
+        show(
+            Progress(
+                shard, counts.samples, rows.to_extract, counts.tokens, rows.tokens_to_extract, writer.bytes_written,
+                time.perf_counter() - started, timer.total(), str(device), samples_resumed=rows.total - rows.to_extract,
+                loop_left_s=time_left.left_s, after_loop_s=writer.flush_s(),
+            )
+        )  # fmt: skip
+
     with HostPath(store, backbone.info, extraction, metadata, device) as host:
         writer = host.writer
+        _replay(rows.replays, run, writer, counts, time_left, shown, shard, device, report)
         while retry or len(order):
             host.size_threads()
             batch, shape, measured = _next_batch(retry, shaper, order)
-            rows = todo[list(batch.rows)]
-            staged = writer.stage(all_ids[rows].tolist(), lengths[list(batch.rows)].tolist())
             try:
-                _run_batch(backbone, rows, input_ids, loss_mask, staged, storage_dtype, pad_token_id, timer, measured)
+                staged = run(rows.todo[list(batch.rows)], None, measured)
             except Exception as error:  # only out-of-memory is recoverable here
-                writer.abandon(staged)
                 pieces = _split_after_out_of_memory(error, shard, batch, shape, shaper, lengths, device, report)
                 retry.extendleft(reversed(pieces))
                 counts.oom_splits += 1
                 continue
             _record_shape(shaper, shape, batch, timer)
             writer.submit(staged)
-            counts.add(len(rows), batch)
-            loop_left_s = time_left.after(batch)
-            show(
-                Progress(
-                    shard, counts.samples, len(todo), counts.tokens, tokens_total, writer.bytes_written,
-                    time.perf_counter() - started, timer.total(), str(device), samples_resumed=len(all_ids) - len(todo),
-                    loop_left_s=loop_left_s, after_loop_s=writer.flush_s(),
-                )
-            )  # fmt: skip
-    chunks = writer.committed
-    return _report_of(shard, len(all_ids), len(todo), counts, writer, chunks, timer, shaper, device, started)
+            counts.add(len(batch.rows), batch.real_tokens, batch.computed_tokens)
+            time_left.after(batch)
+            shown()
+    return _report_of(shard, rows.total, rows.to_extract, counts, writer, timer, shaper, device, started)
+
+
+@dataclass
+class _Rows:
+    """The shard's samples as the loop reads them, and what this run extracts of them: the rows of ``todo`` (in the
+    table) in batches cut as they come, and the batches to run again exactly as they first ran (replay.py)."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    input_ids: pa.ListArray
+    loss_mask: pa.ListArray
+    todo: np.ndarray
+    replays: list[Replay]
+
+    @classmethod
+    def of(cls, samples: pa.Table, store: ShardStore, pending: np.ndarray | None) -> _Rows:
+        ids = samples.column("sample_id").to_numpy()
+        pending = store.pending_mask(ids) if pending is None else np.asarray(pending, dtype=bool)
+        replays = plan_replays(store.directory, ids, pending)
+        todo = np.flatnonzero(pending & ~covered(replays, len(ids)))
+        columns = (samples.column(name).combine_chunks() for name in ("input_ids", "loss_mask"))
+        lengths = samples.column("num_tokens").to_numpy().astype(np.int64)
+        input_ids, loss_mask = columns
+        return cls(ids, lengths, input_ids, loss_mask, todo, replays)
+
+    @property
+    def total(self) -> int:
+        return len(self.ids)
+
+    @property
+    def to_extract(self) -> int:
+        return len(self.todo) + sum(int(replay.keep.sum()) for replay in self.replays)
+
+    @property
+    def tokens_to_extract(self) -> int:
+        replayed = sum(int(self.lengths[replay.rows[replay.keep]].sum()) for replay in self.replays)
+        return int(self.lengths[self.todo].sum()) + replayed
+
+
+def _replay(replays, run, writer, counts, time_left, shown, shard, device, report) -> None:
+    """Run the logged batches that hold pending samples again, whole, storing only those (replay.py); one the
+    device cannot hold any more is halved (the same samples, not the same batches: their last bits may differ)."""
+    waiting = deque(replays)
+    if waiting:
+        report(f"{shard}: forming {len(waiting)} batches again that were cut into chunks not all committed")
+    while waiting:
+        replay = waiting.popleft()
+        try:
+            staged = run(replay.rows, replay.keep, False)
+        except Exception as error:
+            if not is_out_of_memory(error) or len(replay.rows) == 1:
+                raise
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            waiting.extendleft(reversed(replay.halves()))
+            counts.oom_splits += 1
+            continue
+        time_left.shaper.record_unplanned()
+        time_left.restart()
+        writer.submit(staged)
+        kept = staged.lengths if replay.keep.all() else [n for n, k in zip(staged.lengths, replay.keep) if k]
+        counts.add(int(replay.keep.sum()), sum(kept), len(staged.lengths) * max(staged.lengths))
+        shown()
 
 
 def _next_batch(retry: deque[Batch], shaper: BatchShaper, order: LengthOrder) -> tuple[Batch, Shape | None, bool]:
@@ -210,44 +274,6 @@ def _record_shape(shaper: BatchShaper, shape: Shape | None, batch: Batch, timer:
         shaper.record(batch, timer.last)
 
 
-class _TimeLeft:
-    """The extraction's time left after each batch: the batches' wall times (the host's share of a batch counts
-    too) priced by `BatchCostModel`, applied to the pieces waiting after an out-of-memory split and to the rows
-    not cut yet, in batches of the current shape."""
-
-    def __init__(self, order: LengthOrder, retry: deque[Batch], shaper: BatchShaper, lengths: np.ndarray) -> None:
-        self.order, self.retry, self.shaper, self.lengths = order, retry, shaper, lengths
-        self.costs = BatchCostModel()
-        self.batch_started = time.perf_counter()
-
-    def after(self, batch: Batch) -> float | None:
-        now = time.perf_counter()
-        self.costs.add(batch.real_tokens, self._squares(batch), now - self.batch_started)
-        self.batch_started = now
-        order, shape = self.order, self.shaper.current
-        batches = len(self.retry) + (order.batches_left(shape.batch_size, shape.max_batch_tokens) if len(order) else 0)
-        tokens = sum(piece.real_tokens for piece in self.retry) + order.remaining_tokens
-        squares = sum(self._squares(piece) for piece in self.retry) + order.remaining_squared_lengths
-        return self.costs.seconds_left(batches, tokens, squares)
-
-    def _squares(self, batch: Batch) -> int:
-        return int((self.lengths[list(batch.rows)] ** 2).sum())
-
-
-def _progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
-    """Without a caller's ``on_progress`` (which gets every batch's progress and decides how often to show it),
-    a progress line every ``every_s`` of extraction."""
-    last_shown = 0.0
-
-    def log_line(progress: Progress) -> None:
-        nonlocal last_shown
-        if progress.elapsed_s - last_shown >= every_s:
-            last_shown = progress.elapsed_s
-            report(f"{progress.line()} Batches of at most {shaper.current}.")
-
-    return log_line
-
-
 @dataclass
 class _Counts:
     """What a run has extracted so far."""
@@ -258,10 +284,10 @@ class _Counts:
     batches: int = 0
     oom_splits: int = 0
 
-    def add(self, samples: int, batch: Batch) -> None:
+    def add(self, samples: int, real_tokens: int, computed_tokens: int) -> None:
         self.samples += samples
-        self.tokens += batch.real_tokens
-        self.computed += batch.computed_tokens
+        self.tokens += real_tokens
+        self.computed += computed_tokens
         self.batches += 1
 
 
@@ -271,7 +297,6 @@ def _report_of(
     todo: int,
     counts: _Counts,
     writer: ChunkWriter,
-    chunks: list,
     timer: LapTimer,
     shaper: BatchShaper,
     device: torch.device,
@@ -285,7 +310,7 @@ def _report_of(
         tokens=counts.tokens,
         computed_tokens=counts.computed,
         batches=counts.batches,
-        chunks=[record.chunk for record in chunks],
+        chunks=[record.chunk for record in writer.committed],
         bytes_written=writer.bytes_written,
         elapsed_s=time.perf_counter() - started,
         forward_s=timer.total(),

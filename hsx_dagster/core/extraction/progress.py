@@ -13,10 +13,15 @@ the chunk still in memory, the shard's summary, the materialization) is added as
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from hsx_dagster.core.extraction.batch_shape import BatchShaper
+from hsx_dagster.core.extraction.batching import Batch, LengthOrder
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 
 
@@ -152,3 +157,46 @@ class BatchCostModel:
         if costs is None:
             return None
         return float(costs @ np.array([batches_left, tokens_left, squared_lengths_left], dtype=np.float64))
+
+
+class TimeLeft:
+    """The extraction's time left after each batch: the batches' wall times (the host's share of a batch counts
+    too) priced by `BatchCostModel`, applied to the pieces waiting after an out-of-memory split and to the rows
+    not cut yet, in batches of the current shape."""
+
+    def __init__(self, order: LengthOrder, retry: deque[Batch], shaper: BatchShaper, lengths: np.ndarray) -> None:
+        self.order, self.retry, self.shaper, self.lengths = order, retry, shaper, lengths
+        self.costs = BatchCostModel()
+        self.batch_started = time.perf_counter()
+        self.left_s: float | None = None  # after the last batch
+
+    def after(self, batch: Batch) -> None:
+        now = time.perf_counter()
+        self.costs.add(batch.real_tokens, self._squares(batch), now - self.batch_started)
+        self.batch_started = now
+        order, shape = self.order, self.shaper.current
+        batches = len(self.retry) + (order.batches_left(shape.batch_size, shape.max_batch_tokens) if len(order) else 0)
+        tokens = sum(piece.real_tokens for piece in self.retry) + order.remaining_tokens
+        squares = sum(self._squares(piece) for piece in self.retry) + order.remaining_squared_lengths
+        self.left_s = self.costs.seconds_left(batches, tokens, squares)
+
+    def restart(self) -> None:
+        """The batch just run (formed again, replay.py) is not one the cost model prices: time from here."""
+        self.batch_started = time.perf_counter()
+
+    def _squares(self, batch: Batch) -> int:
+        return int((self.lengths[list(batch.rows)] ** 2).sum())
+
+
+def progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
+    """Without a caller's ``on_progress`` (which gets every batch's progress and decides how often to show it),
+    a progress line every ``every_s`` of extraction."""
+    last_shown = 0.0
+
+    def log_line(progress: Progress) -> None:
+        nonlocal last_shown
+        if progress.elapsed_s - last_shown >= every_s:
+            last_shown = progress.elapsed_s
+            report(f"{progress.line()} Batches of at most {shaper.current}.")
+
+    return log_line

@@ -55,6 +55,7 @@ class StagedBatch:
     ring: StagingRing
     span: Span
     ready: Any = None  # a CUDA event to wait on before the host reads the rows
+    keep: list[bool] | None = None  # which samples to store (a batch run again stores only its pending ones)
 
     @property
     def views(self) -> dict[str, torch.Tensor]:
@@ -142,15 +143,18 @@ class ChunkWriter:
     def file_row_bytes(self) -> int:
         return sum(spec.nbytes for spec in self.file_specs.values())
 
-    def stage(self, sample_ids: Sequence[int], lengths: Sequence[int]) -> StagedBatch:
-        """Rows for a batch of ``lengths`` tokens per sample, to fill (``views``) and then `submit`."""
+    def stage(self, sample_ids: Sequence[int], lengths: Sequence[int], keep: np.ndarray | None = None) -> StagedBatch:
+        """Rows for a batch of ``lengths`` tokens per sample, to fill (``views``) and then `submit`; ``keep``: which
+        samples to store (all by default)."""
         self._raise_if_failed()
         tokens = int(sum(lengths))
         if self.ring is None or tokens > self.batch_rows:
             self._resize(tokens)
         assert self.ring is not None
         span = self.ring.reserve(tokens, waiting=self._waiting)
-        return StagedBatch(list(sample_ids), list(lengths), self.ring, span)
+        return StagedBatch(
+            list(sample_ids), list(lengths), self.ring, span, keep=None if keep is None else keep.tolist()
+        )
 
     def submit(self, batch: StagedBatch) -> None:
         self._raise_if_failed()
@@ -239,14 +243,18 @@ class ChunkWriter:
             batch.ready.synchronize()  # the device-to-host copy of this batch has landed
         flags = batch.views["token_nonfinite"].numpy() if batch.sample_ids else np.zeros((0, 1), dtype=bool)
         bad = nonfinite_samples(flags, batch.lengths, self.slot_names)
+        bad = {k: detail for k, detail in bad.items() if batch.keep is None or batch.keep[k]}  # others are done
         if bad:
             self._set_aside(batch, bad)
-        kept = sum(length for position, length in enumerate(batch.lengths) if position not in bad)
+        stored = [k not in bad and (batch.keep is None or batch.keep[k]) for k in range(len(batch.lengths))]
+        kept = sum(length for length, store in zip(batch.lengths, stored) if store)
         if self._pending.rows + kept > self.chunk_rows:
-            self._commit_pending()  # chunks end between batches: a batch re-formed after a crash is the same batch
+            self._commit_pending()  # chunks end between batches: a batch formed again after a crash is the same batch
+        if kept > self.chunk_rows and sum(stored) > 1:
+            self.store.log_split_batch(batch.sample_ids)  # before a chunk holds a part of it (replay.py)
         row = batch.span.start
         for position, (sample_id, length) in enumerate(zip(batch.sample_ids, batch.lengths)):
-            if position not in bad:
+            if stored[position]:
                 if self._pending.rows and self._pending.rows + length > self.chunk_rows:
                     self._commit_pending()  # only a batch larger than a chunk is cut, between samples
                 self._pending.add(batch, row, length, sample_id)

@@ -33,6 +33,7 @@ from hsx_dagster.core.storage.format import (
     SHARD_FILE,
     SHARD_INDEX_FILE,
     SHARD_QUARANTINE_FILE,
+    SPLIT_BATCHES_FILE,
     chunk_number,
     is_chunk_file,
     is_temporary_file,
@@ -82,7 +83,7 @@ class ShardStore:
         self._lock = lock
         try:
             self._check_provenance(provenance, on_mismatch, report or log.warning)
-            for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, REMOVED_CHUNKS_FILE):
+            for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, REMOVED_CHUNKS_FILE, SPLIT_BATCHES_FILE):
                 drop_torn_tail(self.directory / name)
             self.records = finish_removals(self.directory)  # a removal a crash interrupted is completed first
             self.quarantined = read_quarantine(self.directory)
@@ -125,7 +126,7 @@ class ShardStore:
             samples = sum(record.samples for record in read_index(self.directory))
         except StoreError:
             samples = "an unreadable number of"
-        for name in (COMPLETE_FILE, SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE):
+        for name in (COMPLETE_FILE, SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, SPLIT_BATCHES_FILE):
             (self.directory / name).unlink(missing_ok=True)
         chunks = 0
         for path in self.directory.iterdir():
@@ -172,6 +173,11 @@ class ShardStore:
         """A name no chunk of this shard had before (removed chunks' names are not reused)."""
         names = [record.chunk for record in self.records] + [entry.chunk for entry in read_removed(self.directory)]
         return CHUNK_PATTERN.format(max((chunk_number(name) for name in names), default=-1) + 1)
+
+    def log_split_batch(self, sample_ids: Sequence[int]) -> None:
+        """Record a batch about to be cut into several chunks (its samples in order), before any of them commits:
+        a run that redoes some of them forms the same batch again (core/extraction/replay.py)."""
+        append_lines(self.directory / SPLIT_BATCHES_FILE, [{"sample_ids": [int(i) for i in sample_ids]}])
 
     def quarantine(self, records: Sequence[QuarantineRecord]) -> None:
         append_lines(self.directory / SHARD_QUARANTINE_FILE, [asdict(record) for record in records])
