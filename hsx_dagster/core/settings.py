@@ -158,7 +158,7 @@ class ExtractionSettings(_Section):
         "fastest of a few budgets timed on each shard's first batches, re-probed when throughput drops; a number "
         "fixes it",
     )
-    chunk_mb: float = Field(256.0, gt=0, description="Target size of one safetensors chunk file, in MiB")
+    chunk_mb: float = Field(256.0, gt=0, description="Most MiB in one chunk file (whole batches; a larger one is cut)")
     host_threads: AutoOrPositive = Field(
         "auto", description="PyTorch's threads per shard run: `auto` = its share of the cores of a shared host"
     )
