@@ -188,6 +188,7 @@ def extract_shard(
                 continue
             _record_shape(shaper, shape, batch, timer)
             writer.submit(staged)
+            del staged  # its ring may be replaced by the next stage (a larger batch): hold no reference to it
             counts.add(len(batch.rows), batch.real_tokens, batch.computed_tokens)
             time_left.after(batch)
             shown()
@@ -252,8 +253,10 @@ def _replay(replays, run, writer, counts, time_left, shown, shard, device, repor
         time_left.shaper.record_unplanned()
         time_left.restart()
         writer.submit(staged)
-        kept = staged.lengths if replay.keep.all() else [n for n, k in zip(staged.lengths, replay.keep) if k]
-        counts.add(int(replay.keep.sum()), sum(kept), len(staged.lengths) * max(staged.lengths))
+        lengths = staged.lengths
+        del staged  # as in the main loop
+        kept = [n for n, k in zip(lengths, replay.keep) if k]
+        counts.add(len(kept), sum(kept), len(lengths) * max(lengths))
         shown()
 
 

@@ -203,7 +203,9 @@ class ChunkWriter:
         asked_rows = max(1, self.chunk_bytes // self.file_row_bytes)
         rows = max(min(allowed_rows, asked_rows + 2 * self.batch_rows), 3 * tokens)
         self.chunk_rows = max(1, min(asked_rows, rows - 2 * self.batch_rows))
-        self.ring = None  # the old ring's memory goes before the new one is allocated
+        old = self.ring = None  # the old ring's memory goes before the new one is allocated
+        if self.pin_memory:
+            _empty_host_cache()
         self.ring = StagingRing(self.specs, rows, pin=self.pin_memory)
 
     def _waiting(self) -> None:
@@ -272,6 +274,7 @@ class ChunkWriter:
         elif self._taken is not None:
             ring, number, stop = self._taken
             ring.release(number, stop)
+            self._taken = None  # every row taken is released: no reference left to a ring being replaced
 
     def _set_aside(self, batch: StagedBatch, bad: dict[int, str]) -> None:
         if self.nan_policy == "fail":
@@ -317,6 +320,13 @@ class ChunkWriter:
         self.committed.append(record)
         self.bytes_flushed += pending.rows * self.file_row_bytes
         self.write_s += time.perf_counter() - started
+
+
+def _empty_host_cache() -> None:
+    """Hand freed pinned memory back (PyTorch keeps it cached for reuse otherwise: an old ring would stay)."""
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)  # torch >= 2.9
+    if empty is not None:
+        empty()
 
 
 def _stat_specs(slots: int) -> dict[str, RowSpec]:
