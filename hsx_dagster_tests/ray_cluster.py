@@ -30,7 +30,7 @@ NODE_PORTS = (
     "metrics-export-port",
 )
 HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
-# A lost node is noticed within about 3 s instead of Ray's default of about 30 s (the test waits for it).
+# A lost node is noticed within about 3 s instead of Ray's default 15-30 s (the test waits for it).
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
 
