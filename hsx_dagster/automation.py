@@ -98,9 +98,11 @@ def drafter_condition() -> AutomationCondition:
     ).with_label("all shards in and passing")  # short: the UI cuts a long label
 
 
-def build_automation_sensor() -> AutomationConditionSensorDefinition:
+def build_automation_sensor(run_tags: dict[str, str] | None = None) -> AutomationConditionSensorDefinition:
+    """``run_tags``: on the runs it requests (on Ray: one GPU for drafter_dataset's parity check)."""
     return AutomationConditionSensorDefinition(
         "hsx_automation",
+        run_tags=run_tags or None,
         target=AssetSelection.assets(DRAFTER_DATASET),
         default_status=DefaultSensorStatus.RUNNING,
         use_user_code_server=True,  # ShardsNewerThanTarget is Python: evaluated where the code is

@@ -20,7 +20,7 @@ from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_co
 from hsx_dagster.automation import build_automation_sensor, build_input_sensor
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import Settings, load_settings
-from hsx_dagster.jobs import build_observe_job, build_shard_job, shard_run_tags
+from hsx_dagster.jobs import build_observe_job, build_shard_job, ray_gpu_run_tags, shard_run_tags
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
 from hsx_dagster.retries import build_retry_sensor
@@ -38,7 +38,10 @@ def build_definitions(settings: Settings) -> Definitions:
 def _build_definitions(settings: Settings) -> Definitions:
     partitions = shard_partitions(settings)
     operations = settings.operations
-    run_tags = shard_run_tags(operations.k8s_run_config)  # the shard job's runs and the retry backfills' runs
+    # the shard job's runs and the retry backfills' runs
+    run_tags = shard_run_tags(operations.k8s_run_config, operations.ray_run_config)
+    # drafter_dataset's run asks Ray for a GPU only while its parity check loads the model
+    drafter_tags = ray_gpu_run_tags(operations.ray_run_config) if settings.drafter.parity_samples else {}
     shard_job = build_shard_job(partitions, run_tags)
     retry = build_retry_sensor(partitions, operations.retry_every_s, operations.max_retries, run_tags)
     tokenization, regeneration_checks = with_regeneration(settings, tokenized_dataset)  # regenerate.enabled
@@ -54,7 +57,7 @@ def _build_definitions(settings: Settings) -> Definitions:
             ]
         ),
         jobs=[shard_job, build_observe_job()],
-        sensors=[build_automation_sensor(), build_input_sensor(), retry],
+        sensors=[build_automation_sensor(drafter_tags), build_input_sensor(), retry],
         asset_checks=[
             tokenized_dataset_consistent,
             *regeneration_checks,

@@ -158,6 +158,7 @@ def drafter_parity(context: AssetCheckExecutionContext, settings: HsxSettings, g
         lock_dir=extraction.device_lock_dir,
         wait_s=extraction.device_wait_s,
         trust_remote_code=loaded.model.trust_remote_code,
+        claim=extraction.device_claim,
     )
     return check_result(outcome)
 

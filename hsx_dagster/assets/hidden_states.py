@@ -135,6 +135,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "layers": ", ".join(str(i) for i in job.layer_ids) + (" and the final norm" if job.model.include_final else ""),
         "decoder layers loaded": f"{info.kept_layers} of {info.num_layers}" if info else "none (nothing to extract)",
         "dtypes": f"{result.compute_dtype} compute, {job.extraction.storage_dtype} storage",
+        "device claim": result.device_claim,  # a lock on the GPU's UUID, or the scheduler's (CUDA_VISIBLE_DEVICES)
         "attention": info.attn_implementation if info else job.extraction.attn_implementation,
         "batch settings": f"batch_size {job.extraction.batch_size}, max_batch_tokens {job.extraction.max_batch_tokens}",
         "chunks": str(len(totals.chunks)),

@@ -41,12 +41,17 @@ from hsx_dagster.core.choices import (
 from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_layers
 from hsx_dagster.core.model_info import ModelInfo
 
-SHARD_KEY = re.compile(r"shard-\d{2,}")
 DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the GPUs (and the cores) it guards
 
 
 class SettingsError(ValueError):
     """A settings problem, worded for the user: file, key, bad value, what is expected."""
+
+
+# after SettingsError, which a bad shard key raises; shard keys live in their own module (re-exported here)
+from hsx_dagster.core.shard_keys import SHARD_KEY as SHARD_KEY  # noqa: E402
+from hsx_dagster.core.shard_keys import check_shard_key as check_shard_key  # noqa: E402
+from hsx_dagster.core.shard_keys import shard_keys as shard_keys  # noqa: E402
 
 
 def _auto_or_positive(value: Any) -> Any:
@@ -163,7 +168,13 @@ class ExtractionSettings(_Section):
         "auto", description="PyTorch's threads per shard run: `auto` = its share of the cores of a shared host"
     )
     device_wait_s: float = Field(600.0, ge=0, description="How long a shard run waits for a free GPU before failing")
-    device_lock_dir: Path = Field(DEFAULT_LOCK_DIR, description="Per-host folder of GPU claims (one run per GPU)")
+    device_lock_dir: Path = Field(DEFAULT_LOCK_DIR, description="Folder of GPU claims, keyed by GPU UUID; needs flock")
+    device_claim: Literal["lock", "scheduler"] = Field(
+        "lock",
+        description="`lock`: claim the GPU with a lock in device_lock_dir, keyed by its UUID (works under any "
+        "scheduler); `scheduler`: no lock, the scheduler that set CUDA_VISIBLE_DEVICES (Ray, Kubernetes, Slurm) keeps "
+        "runs apart (docs/cluster.md)",
+    )
     on_mismatch: OnMismatch = Field(
         "refuse",
         description="A shard folder made with another model, layers, dtype or tokenized input: `refuse` to mix, "
@@ -220,6 +231,11 @@ class OperationsSettings(_Section):
         None,
         description="YAML of the `dagster-k8s/config` tag for shard runs on Kubernetes "
         "(deploy/k8s/shard-run-config.yaml)",
+    )
+    ray_run_config: Path | None = Field(
+        None,
+        description="YAML of the `dagster-ray/config` tag for shard runs on a Ray cluster: one GPU each "
+        "(deploy/ray/shard-run-config.yaml); drafter_dataset runs get it too while its parity check loads the model",
     )
 
 
@@ -427,21 +443,6 @@ class Settings(BaseSettings):
 
     def public_dict(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())  # JSON-ready settings, for metadata and manifests
-
-
-def shard_keys(count: int) -> list[str]:
-    """`shard-00`, `shard-01`, ...; wider numbers only when there are more than 100 shards."""
-    width = max(2, len(str(count - 1)))
-    return [f"shard-{index:0{width}d}" for index in range(count)]
-
-
-def check_shard_key(key: str) -> str:
-    """Shard keys name files and folders under output_dir: anything but shard-NN could escape it."""
-    if not isinstance(key, str) or not SHARD_KEY.fullmatch(key):
-        raise SettingsError(
-            f"{key!r} is not a shard key (shard-00, shard-01, ...); shard keys name folders under output_dir"
-        )
-    return key
 
 
 # Reading the file lives in its own module; it is imported from here too, where callers have always found it.

@@ -9,6 +9,7 @@ checks that the inputs and the model directory exist, and reads the model's ``co
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, check_files: bo
             "model": settings.model.model_copy(update={"path": _resolve(base, settings.model.path)}),
             "operations": settings.operations.model_copy(
                 update={
-                    "k8s_run_config": settings.operations.k8s_run_config
-                    and _resolve(base, settings.operations.k8s_run_config)
+                    key: getattr(settings.operations, key) and _resolve(base, getattr(settings.operations, key))
+                    for key in ("k8s_run_config", "ray_run_config")
                 }
             ),
         }
@@ -105,12 +106,16 @@ def _check_files(file: Path, settings: Settings) -> ModelInfo:
                 f"{file}: key `dataset.paths[{index}]`: {path} is already listed as dataset.paths[{first}]; "
                 "list each file once (every record of the second copy would be rejected as a duplicate)"
             )
-    k8s = settings.operations.k8s_run_config
-    if k8s is not None and not k8s.is_file():
-        raise SettingsError(f"{file}: key `operations.k8s_run_config`: file not found: {k8s}")
+    for key in ("k8s_run_config", "ray_run_config"):
+        run_config = getattr(settings.operations, key)
+        if run_config is not None and not run_config.is_file():
+            raise SettingsError(f"{file}: key `operations.{key}`: file not found: {run_config}")
     model_path = settings.model.path
     if not model_path.is_dir():
-        raise SettingsError(f"{file}: key `model.path`: model directory not found: {model_path}")
+        raise SettingsError(
+            f"{file}: key `model.path`: model directory not found: {model_path} (on {socket.gethostname()}; on a "
+            "cluster every node that runs shards needs the model at this path)"
+        )
     try:
         return check_model_dir(model_path)
     except ModelDirError as exc:

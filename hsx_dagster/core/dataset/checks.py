@@ -324,13 +324,14 @@ def check_parity_on_claimed_device(
     lock_dir: Path,
     wait_s: float,
     trust_remote_code: bool = False,
+    claim: str = "lock",
 ) -> CheckOutcome:
-    """`check_parity` on a device this process claims like a shard run does (one run per GPU);
-    with ``samples`` 0 nothing is claimed and no model loads."""
+    """`check_parity` on a device this process claims like a shard run does (one run per GPU; ``claim``:
+    extraction.device_claim); with ``samples`` 0 nothing is claimed and no model loads."""
     if samples == 0:
         return CheckOutcome(True, "skipped: drafter.parity_samples is 0 (no device claimed, no model loaded)",
                             {"samples_checked": 0})  # fmt: skip
-    with claimed_device(devices, 0, owner=owner, lock_dir=lock_dir, wait_s=wait_s) as device:
+    with claimed_device(devices, 0, owner=owner, lock_dir=lock_dir, wait_s=wait_s, claim=claim) as device:
         return check_parity(
             drafter_dir,
             tokenized_dir,

@@ -7,7 +7,9 @@ Everything that can be wrong with the inputs is checked before the model loads.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import torch
 
 from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
-from hsx_dagster.core.extraction.devices import claimed_device
+from hsx_dagster.core.extraction.devices import device_claim
+from hsx_dagster.core.extraction.disk_reservations import RESERVATIONS_DIR, DiskReservation, pending_writes, reserve
 from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
 from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
@@ -83,6 +86,7 @@ class ShardResult:
     departed: int = 0  # committed samples no longer in the inputs (kept in chunks that still hold current ones)
     reclaimed_chunks: int = 0  # chunks deleted by this run: none of their samples is in the inputs any more
     redone_chunks: int = 0  # chunks taken out by this run because their samples' tokens changed (start_over)
+    device_claim: str = ""  # how the run holds its device, in words (a lock on the GPU's UUID, the scheduler's)
 
 
 def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -98,19 +102,40 @@ def run_shard(
 ) -> ShardResult:
     """``progress`` takes the run's messages; ``on_progress``, when given, the extraction's periodic `Progress`."""
     report = progress or log.info
+    _require_shared_inputs(job)
     table = read_tokenized_shard(
         job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
     )
     model = check_model_dir(job.model.path)  # what the run knows of the model from here on, read once
     extraction = job.extraction
-    with claimed_device(
+    with device_claim(
         extraction.devices,
         job.shard_index,
         owner=job.owner,
         lock_dir=extraction.device_lock_dir,
         wait_s=extraction.device_wait_s,
-    ) as device:
-        return _run_on_device(job, model, table, torch.device(device), report, on_progress)
+        claim=extraction.device_claim,
+    ) as claim:
+        report(f"{job.shard}: device {claim.device}, claim: {claim.how}")
+        result = _run_on_device(job, model, table, torch.device(claim.device), report, on_progress)
+        result.device_claim = claim.how
+        return result
+
+
+def _require_shared_inputs(job: ShardJob) -> None:
+    """On a cluster the run lands on any node: the tokenized shard (under the shared output_dir) and the model must
+    be there, at the paths the settings name."""
+    host = socket.gethostname()
+    if not job.tokenized_dir.is_dir():
+        raise FileNotFoundError(
+            f"{job.tokenized_dir} does not exist on {host}: materialize tokenized_dataset first, and on a cluster "
+            "put output_dir on storage every node mounts at the same path (docs/cluster.md)"
+        )
+    if not job.model.path.is_dir():
+        raise FileNotFoundError(
+            f"model.path {job.model.path} does not exist on {host}: every node that runs shards needs the model at "
+            "the same path (docs/cluster.md)"
+        )
 
 
 def _run_on_device(
@@ -137,11 +162,14 @@ def _run_on_device(
         compute_dtype=dtype_name(compute_dtype),
         tokenized_sha256=tokenized_digest(table),
     )
-    with ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=report) as store:
+    with (
+        ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=report) as store,
+        ExitStack() as held,
+    ):
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
         changes = _follow_the_inputs(job, store, table, report)
         todo = store.pending_mask(table.column("sample_id").to_numpy())
-        _check_disk_space(job, model, table, todo)
+        held.enter_context(_check_disk_space(job, model, table, todo))  # counted by the other shards until we end
         if not todo.any():
             report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
             nothing = ExtractionReport.nothing_to_do(job.shard, table.num_rows, device)
@@ -234,8 +262,9 @@ def _finish(
     return ShardResult(result, info, provenance.compute_dtype, totals, quarantined, current, departed, **changes)
 
 
-def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> None:
-    """Before the model loads: the samples still to extract (``todo``, a row mask) must fit on the output disk."""
+def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> DiskReservation:
+    """Before the model loads: the samples still to extract (``todo``, a row mask) must fit on the output disk,
+    beside what the other running shards will still write there; this run's own estimate is recorded for them."""
     tokens = int(table.column("num_tokens").to_numpy()[todo].sum())
     shape = StoredShape.of_model(model, job.layer_ids, job.model.include_final)
     extraction = job.extraction
@@ -244,7 +273,15 @@ def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np
     if STORAGE_DTYPES[extraction.storage_dtype].itemsize > 1:
         fp8 = estimate_bytes(tokens, int(todo.sum()), shape, "float8_e4m3", extraction.chunk_bytes)
         alternative = f", or store float8_e4m3 (extraction.storage_dtype; about {format_bytes(fp8)})"
-    check_free_disk(job.output_dir, needed, alternative)
+    records = job.output_dir.parent.parent / RESERVATIONS_DIR  # <output_dir>/disk_reservations (shared, like it)
+    reservation = reserve(records, job.shard, job.output_dir, needed)  # first: a shard starting now counts ours
+    try:
+        others = [(other.shard, other.remaining) for other in pending_writes(records, own=reservation)]
+        check_free_disk(job.output_dir, needed, alternative, others)
+    except BaseException:
+        reservation.release()
+        raise
+    return reservation
 
 
 def _pad_token_id(backbone) -> int:

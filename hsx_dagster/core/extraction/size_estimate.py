@@ -59,17 +59,24 @@ def estimate_by_dtype(shards: Sequence[ShardLoad], shape: StoredShape, chunk_byt
     }
 
 
-def check_free_disk(directory: Path, needed: int, describe_alternatives: str = "") -> int:
-    """Refuse to start when ``needed`` bytes (with headroom) are not free where ``directory`` lives.
-    Returns the free bytes."""
+def check_free_disk(
+    directory: Path, needed: int, describe_alternatives: str = "", others: Sequence[tuple[str, int]] = ()
+) -> int:
+    """Refuse to start when ``needed`` bytes (with headroom) are not free where ``directory`` lives, once what the
+    other running shards will still write there (``others``: (shard, bytes)) is set aside. Returns the free bytes."""
     probe = Path(directory)
     while not probe.exists():  # the folder may not exist yet: ask about the disk it will be on
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    if needed * HEADROOM > free:
+    promised = sum(count for _, count in others)
+    if needed * HEADROOM + promised > free:
+        others_note = ""
+        if promised:
+            named = ", ".join(f"{shard} {format_bytes(count)}" for shard, count in others if count)
+            others_note = f", and the other running shards will still write {format_bytes(promised)} of it ({named})"
         raise InsufficientDiskError(
             f"{directory}: needs about {format_bytes(needed)} for the states still to extract, but only "
-            f"{format_bytes(free)} are free there. Free some space, point output_dir at a bigger disk"
+            f"{format_bytes(free)} are free there{others_note}. Free some space, point output_dir at a bigger disk"
             f"{describe_alternatives}"
         )
     return free

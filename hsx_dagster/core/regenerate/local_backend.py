@@ -59,6 +59,7 @@ class LocalBackend:
             owner=self.owner,
             lock_dir=extraction.device_lock_dir,
             wait_s=extraction.device_wait_s,
+            claim=extraction.device_claim,
         ) as device:
             self.device_used = device
             self._run_on(device, jobs, finished, stats)

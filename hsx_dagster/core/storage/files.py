@@ -2,7 +2,8 @@
 
 - `FileLock`: an exclusive ``flock`` on a lock file, taken without waiting; the kernel drops it when the
   process exits, however it exits, so a killed run never leaves it held. Shard folders, GPUs and the
-  regeneration store each hold one.
+  regeneration store each hold one. A filesystem that refuses ``flock`` (Lustre mounted without ``-o flock``, some
+  NFS set-ups) raises `LockRefusedError` naming the folder, not a bare OSError.
 - `file_sha256`: a file's sha256, read in blocks (memory stays flat whatever the file's size).
 - `swap_in_dir`: a finished folder replaces the old one by rename; `staging_dir_for` names the folder it is
   built in, beside the target, and `remove_leftovers` clears what a crashed run left there.
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -19,6 +21,13 @@ from pathlib import Path
 from typing import IO
 
 HASH_BLOCK = 16 * 2**20
+# What a filesystem without flock support answers (ENOSYS: Lustre without -o flock; ENOLCK: NFS without a lock
+# manager; EOPNOTSUPP: FUSE and others); any of them means no lock can ever be held there.
+LOCK_REFUSALS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+class LockRefusedError(OSError):
+    """The filesystem holding a lock file does not support ``flock``."""
 
 
 class FileLock:
@@ -37,6 +46,16 @@ class FileLock:
         except BlockingIOError:
             handle.close()
             return None
+        except OSError as exc:
+            handle.close()
+            if exc.errno not in LOCK_REFUSALS:
+                raise
+            raise LockRefusedError(
+                exc.errno,
+                f"{Path(path).parent}: this filesystem refuses file locks (flock: {os.strerror(exc.errno)}), so "
+                f"{Path(path).name} cannot be locked. Mount it with locking (Lustre: -o flock) or use a folder on a "
+                "local disk",
+            ) from None
         return cls(Path(path), handle)
 
     def record_holder(self, text: str) -> None:
