@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -165,7 +166,8 @@ def test_shard_runs_on_one_host_share_its_cores_and_a_dead_one_stops_counting(tm
         other.send_signal(signal.SIGKILL)  # the kernel drops its lock: its registration no longer counts
         other.wait(timeout=30)
         assert mine.threads() == 8 and mine.runs == 1
-        assert len(list((tmp_path / host_share.RUNS_DIR).glob("run-*.lock"))) == 1  # the dead one's file is gone
+        registered = (tmp_path / host_share.RUNS_DIR).glob(f"run-{socket.gethostname()}-*.lock")
+        assert len(list(registered)) == 1  # the dead one's file is gone
     finally:
         other.kill()
         mine.close()

@@ -47,6 +47,8 @@ class HostShare:
         self.fixed = fixed
         self.cores = cores or usable_cores()
         self.folder = Path(lock_dir) / RUNS_DIR
+        # named after the host too: a folder shared by several hosts by mistake still counts this host's runs only
+        self._prefix = f"run-{socket.gethostname()}-"
         self._handle: IO[str] | None = None
         self._path: Path | None = None
         self._counted_at = -RECOUNT_S
@@ -86,7 +88,7 @@ class HostShare:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             handle.write(f"{socket.gethostname()} pid {os.getpid()}\n")
             handle.flush()
-            path = self.folder / f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
+            path = self.folder / f"{self._prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
             os.replace(temporary, path)
         except OSError as exc:
             if handle is not None:
@@ -102,7 +104,7 @@ class HostShare:
     def _count(self) -> int:
         """Registrations still held; a dead run's file is removed on the way."""
         live = 0
-        for path in self.folder.glob("run-*.lock"):
+        for path in self.folder.glob(f"{self._prefix}*.lock"):
             try:
                 with open(path, encoding="utf-8") as other:
                     fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)

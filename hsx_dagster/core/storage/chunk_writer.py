@@ -198,7 +198,8 @@ class ChunkWriter:
                 time.sleep(0.005)
         row_bytes = sum(spec.nbytes for spec in self.specs.values())
         floor_rows = int(MIN_HOST_BYTES * RING_SHARE) // row_bytes
-        self.batch_rows = max(tokens, min(2 * tokens, floor_rows // 3))  # room for the probe to try larger shapes
+        # room for two doublings of the batch within the floor: the probe's larger shapes do not resize the ring
+        self.batch_rows = max(tokens, min(4 * tokens, floor_rows // 3))
         allowed_rows = max(floor_rows, int(3 * self.batch_rows * row_bytes * RING_SHARE) // row_bytes)
         asked_rows = max(1, self.chunk_bytes // self.file_row_bytes)
         rows = max(min(allowed_rows, asked_rows + 2 * self.batch_rows), 3 * tokens)
