@@ -69,7 +69,7 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         asked = time.perf_counter()
         shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         live = ProgressReporter(context, shard, loaded.operations.progress_every_s, time.perf_counter() - asked)
-        result = run_shard(job, progress=context.log.info, on_progress=live)
+        result = run_shard(job, progress=context.log.info, on_progress=live, warn=context.log.warning)
         rows = shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         return MaterializeResult(metadata={**shards_metadata(rows), **hidden_states_metadata(result, job)})
 
@@ -136,6 +136,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "decoder layers loaded": f"{info.kept_layers} of {info.num_layers}" if info else "none (nothing to extract)",
         "dtypes": f"{result.compute_dtype} compute, {job.extraction.storage_dtype} storage",
         "attention": info.attn_implementation if info else job.extraction.attn_implementation,
+        **{use.role: use.summary() for use in (info.kernels if info else ())},  # linear attention, causal conv1d
         "batch settings": f"batch_size {job.extraction.batch_size}, max_batch_tokens {job.extraction.max_batch_tokens}",
         "chunks": str(len(totals.chunks)),
         # plain counts that tests and scripts read (stable membership: core/storage/shard_membership.py)

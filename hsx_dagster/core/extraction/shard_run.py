@@ -19,6 +19,7 @@ from hsx_dagster.core.extraction.backbone import BackboneInfo, load_backbone
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import claimed_device
 from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
+from hsx_dagster.core.extraction.kernels import describe_kernels, kernels_record
 from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
@@ -95,8 +96,10 @@ def run_shard(
     job: ShardJob,
     progress: Callable[[str], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ShardResult:
-    """``progress`` takes the run's messages; ``on_progress``, when given, the extraction's periodic `Progress`."""
+    """``progress`` takes the run's messages, ``warn`` its warnings (default: the log); ``on_progress``, when
+    given, the extraction's periodic `Progress`."""
     report = progress or log.info
     table = read_tokenized_shard(
         job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
@@ -110,7 +113,7 @@ def run_shard(
         lock_dir=extraction.device_lock_dir,
         wait_s=extraction.device_wait_s,
     ) as device:
-        return _run_on_device(job, model, table, torch.device(device), report, on_progress)
+        return _run_on_device(job, model, table, torch.device(device), report, on_progress, warn)
 
 
 def _run_on_device(
@@ -120,6 +123,7 @@ def _run_on_device(
     device: torch.device,
     report: Callable[[str], None],
     on_progress: Callable[[Progress], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ShardResult:
     extraction = job.extraction
     compute_dtype = resolve_compute_dtype(extraction.compute_dtype, device)
@@ -159,7 +163,9 @@ def _run_on_device(
             compute_dtype=compute_dtype,
             attn_implementation=extraction.attn_implementation,
             trust_remote_code=job.model.trust_remote_code,
+            warn=warn,
         )
+        report(f"{job.shard}: {describe_kernels(backbone.info.attn_implementation, backbone.info.kernels)}")
         try:
             result = extract_shard(
                 job.shard,
@@ -228,10 +234,15 @@ def _finish(
             "departed_samples": departed,
             "quarantined": quarantined,
             "provenance": provenance.to_dict(),
-            "last_run": {**result.to_dict(), **changes},
+            "last_run": {**result.to_dict(), **changes, **_kernels(info)},
         }
     )
     return ShardResult(result, info, provenance.compute_dtype, totals, quarantined, current, departed, **changes)
+
+
+def _kernels(info: BackboneInfo | None) -> dict:
+    """The attention and linear-attention implementations the run used, for ``last_run`` (none: no model loaded)."""
+    return {"kernels": kernels_record(info.attn_implementation, info.kernels)} if info else {}
 
 
 def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> None:
