@@ -3,9 +3,10 @@ the bare forward pass at each shape of a sweep of fixed shapes, same model, same
 process, interleaved in rounds (the order rotated from round to round).
 
 The figure: auto pipeline / the best bare shape of the sweep, per round (bare seconds of the fastest
-shape that round / auto pipeline seconds), median over rounds. The auto runs pay for everything a
-shard run's extraction step pays for (probe, hooks, copies, chunk writer, commits); bare pays for
-nothing but forward passes, at a shape someone chose knowing the answer.
+shape that round / auto pipeline seconds), median over rounds (target 0.90) and the lowest round
+(0.80). The auto runs pay for everything a shard run's extraction step pays for (probe, hooks, copies,
+chunk writer, commits); bare pays for nothing but forward passes, at a shape someone chose knowing
+the answer.
 
     .venv/bin/python -m benchmarks.cpu --batch-shape-only              # this section alone
     .venv/bin/python -m benchmarks.cpu --batch-shape-only --shape-samples 2400 --rounds 3
@@ -33,6 +34,7 @@ from hsx_dagster.core.settings import ExtractionSettings
 # (rows, tokens): the sweep of the issue that made auto the default, on a 2-core CPU.
 CPU_SWEEP = ((64, 2048), (16, 8192), (32, 32768))
 TARGET = 0.90
+LOWEST_ROUND = 0.80  # no round below this
 
 
 @dataclass
@@ -132,6 +134,8 @@ def summarise(jobs: list[ShapeJob], samples: pa.Table) -> dict:
                 "probe_share": [rep["probe_share"] for rep in reports],
                 "probes": [len(rep["batch_shape"]["probes"]) for rep in reports],
                 "probe_table_first_round": reports[0]["batch_shape"]["probe_table"],
+                # every round's probes: why each began, what it compared, what it chose and why it stopped
+                "probes_per_round": [rep["batch_shape"]["probes"] for rep in reports],
                 "padding_efficiency": median([rep["padding_efficiency"] for rep in reports]),
             }
         contestants[job.name] = entry
@@ -143,13 +147,18 @@ def summarise(jobs: list[ShapeJob], samples: pa.Table) -> dict:
         "rounds": rounds,
         "contestants": contestants,
         "best_bare": best_bare.name,
-        "auto_over_best_bare": {"per_round": [round(r, 3) for r in ratios], "median": round(median(ratios), 3)},
+        "auto_over_best_bare": {
+            "per_round": [round(r, 3) for r in ratios],
+            "median": round(median(ratios), 3),
+            "lowest": round(min(ratios), 3),
+        },
         "auto_over_each_bare": {
             job.name: round(median([job.runs[k].seconds / auto.runs[k].seconds for k in range(rounds)]), 3)
             for job in bare
         },
         "target": TARGET,
-        "met": median(ratios) >= TARGET,
+        "lowest_round_target": LOWEST_ROUND,
+        "met": median(ratios) >= TARGET and min(ratios) >= LOWEST_ROUND,
         "others_cores_median": round(median(others), 3) if others else None,
         "others_cores_max": round(max(others), 3) if others else None,
     }
@@ -175,7 +184,8 @@ def render_batch_shape(section: dict) -> list[str]:
         ),
         "",
         f"Auto / best bare ({section['best_bare']}) per round: {section['auto_over_best_bare']['per_round']}, "
-        f"median **{section['auto_over_best_bare']['median']}** (target {section['target']}: "
+        f"median **{section['auto_over_best_bare']['median']}**, lowest {section['auto_over_best_bare'].get('lowest')} "
+        f"(targets {section['target']} and {section.get('lowest_round_target')}: "
         f"{'met' if section['met'] else 'not met'}); against each shape: {section['auto_over_each_bare']}. "
         f"Other processes kept a median {section['others_cores_median']} cores busy, max "
         f"{section['others_cores_max']}.",

@@ -176,6 +176,90 @@ def test_a_fixed_token_budget_probes_only_the_row_cap():
     assert summary.batch_size < 16384 // 32  # fewer rows than the start: smaller batches
 
 
+def few_rows_best(best_tokens: int = 8192, most_rows: int = 16, peak: float = 20_000.0):
+    """A device like a 2-core CPU: fastest at about ``best_tokens`` computed tokens, but slower beyond
+    ``most_rows`` rows (many short rows run out of cache), so its best shape is off the budget // 32 line."""
+
+    def rate(shape: Shape, batch) -> float:
+        distance = math.log2(max(batch.computed_tokens, 1) / best_tokens)
+        rows = len(batch.rows)
+        too_many = math.exp(-(math.log2(rows / most_rows) ** 2) / 4) if rows > most_rows else 1.0
+        return peak * math.exp(-(distance**2) / 8) * too_many * batch.real_tokens / batch.computed_tokens
+
+    return rate
+
+
+def fixed_seconds(lengths, rate, rows: int, tokens: int) -> float:
+    return sum(b.real_tokens / rate(Shape(rows, tokens), b) for b in plan_batches(lengths, rows, tokens))
+
+
+def test_the_rows_cap_is_probed_where_the_rows_are_short():
+    lengths = lognormal_lengths()
+    rate = few_rows_best()
+    budgets = [2**k for k in range(9, 16)]
+    grid = {
+        (rows, tokens): fixed_seconds(lengths, rate, rows, tokens) for tokens in budgets for rows in (4, 16, 64, 256)
+    }
+    on_the_line = min(fixed_seconds(lengths, rate, tokens // 32, tokens) for tokens in budgets)
+    best = min(grid.values())
+    assert grid[(16, 8192)] == best and best < 0.93 * on_the_line  # only a probe of the rows cap gets there
+    shaper, batches = simulate(lengths, rate)
+    summary = shaper.summary()
+    seconds = sum(batch.real_tokens / rate(shape, batch) for shape, batch in batches)
+    assert seconds <= 1.05 * best < on_the_line  # probes included
+    assert summary.batch_size <= 32 < START.batch_size
+    rows_steps = [
+        s for p in summary.probes for s in p.steps if s["candidate"].split(" x ")[1] != s["incumbent"].split(" x ")[1]
+    ]
+    assert rows_steps and all(s["candidate"].split(" x ")[0] == s["incumbent"].split(" x ")[0] for s in rows_steps)
+
+
+def test_a_rows_cap_is_not_probed_on_a_few_long_rows():
+    """At the head of a shard a rows cap below the rows the token budget takes would cut the long rows as a smaller
+    budget does, and then the short rows of the bulk into batches as small: there the token budget moves instead."""
+
+    def fewer_is_faster(shape, batch):
+        return 20_000.0 / len(batch.rows) ** 0.5
+
+    shaper, _ = simulate(np.full(200, 3000), fewer_is_faster, start=Shape(16, 8192), budget_fraction=1.0)
+    summary = shaper.summary()
+    steps = [step for probe in summary.probes for step in probe.steps]
+    assert steps and all(step["candidate"].endswith("x 16 rows") for step in steps)
+    assert summary.batch_size == 16 and summary.max_batch_tokens < 8192
+    assert "rows cap: the token budget fits fewer than 8 rows" in summary.probes[0].ended
+
+
+@pytest.mark.parametrize("gain, extended, moved", [(1.3, False, True), (1.05, True, True), (1.0, True, False)])
+def test_a_close_comparison_is_run_once_more(gain, extended, moved):
+    candidate_budget = 2 * START.max_batch_tokens
+
+    def rate(shape, batch):
+        return 20_000.0 * (gain if shape.max_batch_tokens == candidate_budget else 1.0)
+
+    shaper, batches = simulate(np.full(4000, 300), rate, budget_fraction=1.0)
+    step = shaper.summary().probes[0].steps[0]
+    assert step["candidate"] == str(Shape(START.batch_size, candidate_budget))
+    assert step["ratio"] == pytest.approx(gain) and (step["result"] == "moved") == moved
+    assert step.get("batches_a_side") == (4 if extended else None)
+    # warm-up, then I C C I, and once more I C C I when the call was close
+    schedule = [shape.max_batch_tokens == candidate_budget for shape, _ in batches[1 : 9 if extended else 5]]
+    assert schedule == [False, True, True, False] * (2 if extended else 1)
+
+
+def test_the_head_of_a_shard_cannot_spend_the_budget_of_its_bulk():
+    """60 long rows (2% of the tokens), then 20,000 short ones; every shape but the start is 30% slower. The first
+    probe tries the start's neighbours once (the start is a guess); the probe when the longest row halves decides for
+    the next 30 rows only, so it may not spend what the bulk's probe then uses, though the run's budget has room."""
+    lengths = np.concatenate([np.full(30, 4000), np.full(30, 2000), np.full(20_000, 200)])
+    shaper, _ = simulate(lengths, lambda shape, batch: 20_000.0 * (1.0 if shape == START else 0.7))
+    summary = shaper.summary()
+    assert summary.probes[0].steps  # the start's neighbours, tried once
+    assert summary.probes_skipped_for_budget == 1  # at 2,000 tokens: 30 rows are not worth a step
+    assert summary.probe_overhead_s < 0.2 * summary.probe_budget_s  # not for want of the run's budget
+    bulk = next(probe for probe in summary.probes if probe.longest_tokens == 200)
+    assert len(bulk.steps) >= 3 and all(step["result"] == "stayed" for step in bulk.steps)
+
+
 def test_a_drop_in_throughput_triggers_another_probe():
     lengths = np.full(6000, 300)  # one length: only the drop can trigger a re-probe
     slow_after = {"tokens": 0}

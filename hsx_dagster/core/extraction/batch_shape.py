@@ -1,40 +1,29 @@
 """The batch shape of a shard run: fixed by the user, or found by a short probe on the shard's own batches.
 
-`extraction.batch_size` and `extraction.max_batch_tokens` are ``auto`` by default. A shard run then
-starts with a *probe*: the next batches of the shard (longest first, so the memory-hungriest ones) are
-cut with a few candidate shapes and timed with the device's own clock (CUDA events on a GPU, the
-wall clock on a CPU), and the shape with the most real tokens per second is kept. Every probed batch
-is real work: its states are stored like any other batch's, nothing is computed twice, and only the
-shard's pending samples are ever taken, so a resumed run never redoes a committed sample.
+`extraction.batch_size` and `extraction.max_batch_tokens` are ``auto`` by default. A shard run then probes:
+its next batches (longest first, so the memory-hungriest ones) are cut with a few candidate shapes, timed
+with the device's own clock (CUDA events on a GPU, the wall clock on a CPU), and the shape with the most real
+tokens per second is kept. Every probed batch is real work, stored like any other; nothing is computed twice,
+and only the shard's pending samples are taken, so a resumed run never redoes a committed sample.
 
-Candidates form a grid of two axes, powers of two: the token budget and the rows cap (batch_shape_space.py).
-For any batch only one of them binds, the token budget for long rows and the rows cap for short ones, and a
-device's best shape is rarely on a line that ties one to the other (on a 2-core CPU, 8,192 tokens but at most
-16 rows). A probe tries the axis that cuts the next batch first, then the other, one step at a time, from the
-direction the axis last moved in, then the other way, while a step is faster by more than 3%. A rows cap is
-tried only where it cuts the batches: far below them it would cut the long rows at the head of the shard
-like a smaller token budget, and then the short rows of the bulk, which are nothing like them. The start
-suits the device: large on a GPU; on a CPU a share per thread (start_shape). Each step compares the
-incumbent and the candidate on alternating batches (incumbent, candidate, candidate, incumbent): neighbours
-in length and in time, so neither the shrinking lengths of a length-sorted shard nor a moment of load on the
-machine favours one side; a comparison closer than 8% is run once more before it is decided. On a GPU the
-largest candidate is bounded by the free memory, with a 20% margin, using the activation bytes per token
-measured on the first batch. An out-of-memory error lowers the budget for the rest of the run, whoever chose
-it, as before.
+The candidates form a grid of token budgets and rows caps (batch_shape_space.py): the budget binds long rows,
+the cap short ones, and a device's best shape is rarely on a line tying one to the other (2-core CPU: 8,192
+tokens, at most 16 rows). A probe tries the axis that cuts the next batch first (later probes alternate), one
+step at a time, from the direction the axis last moved in, then the other way, while a step is more than 3%
+faster; the rows cap only where the token budget alone takes 8 rows or more. Each step compares incumbent and
+candidate on alternating batches, run once more when close (batch_shape_compare.py). On a GPU the largest
+candidate is bounded by the free memory, with a 20% margin, using the activation bytes per token measured on
+the first batch; an out-of-memory error lowers the budget for the rest of the run, whoever chose it.
 
-Lengths change along a length-sorted shard, so the probe runs again, from the current shape, when
-the throughput falls well below what the probe measured (under 70% over 8 batches), when the longest
-sample is half as long as at the last probe, or when a neighbour that cut the same batches starts to cut
-others. What probing costs is the time the losing shapes took beyond what the winner would have needed
-for the same tokens; all probes of a run together stay within a budget of 3% of the run's estimated time (a
-probe step whose worst case does not fit is not started, and a losing candidate that has used up the rest of
-the budget is stopped after its batch). That budget is spent where the choice runs: a probe may spend 3% of
-the time of the tokens up to the end of the lengths it decides for (until the longest sample halves), so the
-few long samples at the head of a shard cannot use up what its bulk is probed with; the first step each way
-from the starting shape, and any step after one that won, may draw on the whole run's budget. The estimate
-comes from the probe's own throughput, so when the run slows down later (a busy machine) the share of the
-real run can differ; each shard's metadata shows what was lost. With an explicit number for one of the two
-settings, only the other one is probed; with both, nothing is.
+Lengths change along a length-sorted shard, so the probe runs again, from the current shape, when the
+throughput falls well below what the probe measured (under 70% over 8 batches), when the longest sample is
+half as long as at the last probe, or when a neighbour that cut the same batches starts to cut others. What
+probing costs is the time the losing shapes took beyond what the winner would have needed for the same
+tokens: all probes together stay within 3% of the run's estimated time, spent where each choice runs
+(`ProbeBudget`); the estimate comes from the probe's own throughput, so on a machine that gets busier the
+share of the real run can differ (each shard's metadata shows what was lost). With an explicit number for
+one of the two settings, only the other one is probed; with both, nothing is. docs/configuration.md says
+why each rule is there.
 """
 
 from __future__ import annotations
@@ -49,10 +38,13 @@ import torch
 from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.extraction.batch_shape_compare import Comparison, ProbeBudget
 from hsx_dagster.core.extraction.batch_shape_space import (
+    AXIS_NAMES,
     LADDERS,
     MAX_ROWS,
     ROW_TOKENS,
+    ROWS_TO_PROBE,
     Grid,
+    Position,
     binding_axis,
     start_shape,
 )
@@ -77,9 +69,6 @@ DROP = 0.7  # re-probe when throughput over the last WINDOW batches is under thi
 WINDOW = 8
 LENGTH_CHANGE = 0.5  # re-probe when the longest sample is this share of the one at the last probe
 SAME_BATCHES = "same batches as the current shape"
-AXIS_NAMES = {"tokens": "token budget", "rows": "rows cap"}
-
-Position = tuple[int, int]  # (token budget index, rows cap index) in the grid
 
 
 class BatchShaper:
@@ -124,7 +113,10 @@ class BatchShaper:
         self._pending = ""  # what the batch being run is for: warmup, I, C, run
         self._candidate: Position = self.position
         self._axes: list[str] = []  # the axes the probe under way has still to try, the current one first
-        self._momentum = {axis: 1 for axis in self.grid.axes}  # the direction each axis last moved in
+        self._momentum = {axis: 1 for axis in self.grid.axes}
+        self._first_axis: str | None = (
+            None  # the axis the last probe tried first  # the direction each axis last moved in
+        )
         self._direction = 1
         self._moved = False
         self._switched = False
@@ -250,8 +242,11 @@ class BatchShaper:
             self.probes[-1].shapes[warmed[0]] = warmed[1]
         self._reference_length = self.order.next_length
         self._blocked = {}
+        if first is None and self._first_axis is not None:  # the other axis than last time gets the budget first
+            first = next((axis for axis in self.grid.axes if axis != self._first_axis), None)
         binding = first or (binding_axis(self.current, self.order.next_length) if len(self.order) else "tokens")
         self._axes = sorted(self.grid.axes, key=lambda axis: axis != binding)
+        self._first_axis = self._axes[0] if self._axes else None
         self._ends = []
         self._won_last = False
         self._candidate = self.position
@@ -295,19 +290,22 @@ class BatchShaper:
     def _neighbour(self, axis: str, direction: int) -> tuple[Position, str | None]:
         """The first neighbour along ``axis`` that cuts other batches than the shape, or why there is none;
         a neighbour skipped for cutting the same batches is remembered, to be tried once they differ."""
+        if axis == "rows" and "tokens" in self.grid.axes and self._rows_in_budget() < ROWS_TO_PROBE:
+            return self.position, f"the token budget fits fewer than {ROWS_TO_PROBE} rows"
         candidate = self.grid.step(self.position, axis, direction)
         reason = self._unusable(candidate)
         first_same = candidate if reason == SAME_BATCHES else None
-        # Beside a probed token budget, the rows cap is tried only where it cuts the batches, one step at a time: a
-        # rows cap far below the current one can cut the long rows like a smaller token budget would, but it would
-        # cut the short rows of the bulk too, which are not like them.
-        while reason == SAME_BATCHES and (axis == "tokens" or "tokens" not in self.grid.axes):
+        while reason == SAME_BATCHES:
             candidate = self.grid.step(candidate, axis, direction)
             reason = self._unusable(candidate)
         if first_same is not None and reason is not None:  # nothing further either: try it once its batches differ
             self._blocked[axis] = first_same
             reason = SAME_BATCHES
         return candidate, reason
+
+    def _rows_in_budget(self) -> int:
+        """Rows of the next length the token budget alone would take."""
+        return self.current.max_batch_tokens // max(1, self.order.next_length)
 
     def _unusable(self, candidate: Position) -> str | None:
         if not self.grid.inside(candidate):

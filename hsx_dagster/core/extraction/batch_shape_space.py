@@ -24,6 +24,13 @@ LADDERS = {"cpu": (2**8, 2**15), "mps": (2**10, 2**16), "cuda": (2**12, 2**19)}
 STARTS = {"mps": (2**13, 2**8), "cuda": (2**15, 2**10)}
 CPU_TOKENS_PER_THREAD, CPU_ROWS_PER_THREAD = 2**12, 8
 AXES = ("tokens", "rows")
+AXIS_NAMES = {"tokens": "token budget", "rows": "rows cap"}
+# Beside a probed token budget, the rows cap is probed where the token budget alone takes at least this many rows:
+# on a few long rows a lower cap cuts the batches as a smaller token budget would, but it caps the short rows of
+# the bulk too, which are nothing like them (a cap of 2 rows found at the head of a shard cuts its bulk in 2s).
+ROWS_TO_PROBE = 8
+
+Position = tuple[int, int]  # (token budget index, rows cap index) in a grid
 
 
 def start_shape(device_type: str, threads: int) -> tuple[int, int]:
@@ -50,7 +57,7 @@ class Grid:
 
     tokens: tuple[int, ...]
     rows: tuple[int, ...]
-    start: tuple[int, int]  # (token index, rows index)
+    start: Position  # (token index, rows index)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -60,17 +67,17 @@ class Grid:
     def size(self, axis: str) -> int:
         return len(self.tokens if axis == "tokens" else self.rows)
 
-    def shape(self, position: tuple[int, int], cap: int | None = None) -> Shape:
+    def shape(self, position: Position, cap: int | None = None) -> Shape:
         tokens = self.tokens[position[0]]
         if cap is not None:
             tokens = min(tokens, cap)
         return Shape(self.rows[position[1]], tokens)
 
     @staticmethod
-    def step(position: tuple[int, int], axis: str, by: int) -> tuple[int, int]:
+    def step(position: Position, axis: str, by: int) -> Position:
         return (position[0] + by, position[1]) if axis == "tokens" else (position[0], position[1] + by)
 
-    def inside(self, position: tuple[int, int]) -> bool:
+    def inside(self, position: Position) -> bool:
         return 0 <= position[0] < len(self.tokens) and 0 <= position[1] < len(self.rows)
 
     @classmethod
