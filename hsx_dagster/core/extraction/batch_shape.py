@@ -92,7 +92,6 @@ class BatchShaper:
         self.tokens = parse_auto_or_positive(max_batch_tokens)
         self.device = device
         self.order = order
-        self.budget_fraction = budget_fraction
         self.batches_per_side = max(1, batches_per_side)
         self._report = report or log.info
         self.shard = shard
@@ -113,10 +112,8 @@ class BatchShaper:
         self._pending = ""  # what the batch being run is for: warmup, I, C, run
         self._candidate: Position = self.position
         self._axes: list[str] = []  # the axes the probe under way has still to try, the current one first
-        self._momentum = {axis: 1 for axis in self.grid.axes}
-        self._first_axis: str | None = (
-            None  # the axis the last probe tried first  # the direction each axis last moved in
-        )
+        self._momentum = {axis: 1 for axis in self.grid.axes}  # the direction each axis last moved in
+        self._first_axis: str | None = None  # the axis the last probe tried first
         self._direction = 1
         self._moved = False
         self._switched = False
@@ -235,8 +232,9 @@ class BatchShaper:
     def _start_probe(
         self, reason: str, first: str | None = None, warmed: tuple[Shape, ShapeTimes] | None = None
     ) -> None:
-        """A probe tries each axis in turn: the one that cuts the next batch first (or ``first``), each from the
-        direction it last moved in, then the other way if the first step lost."""
+        """A probe tries each axis in turn: ``first``, else the one the last probe did not start with, else the
+        one that cuts the next batch; each from the direction it last moved in, then the other way if that step
+        lost; an axis whose next step does not fit the budget ends there."""
         self.probes.append(ProbeLog(len(self.probes), reason, self.order.next_length))
         if warmed is not None and warmed[1].batches:
             self.probes[-1].shapes[warmed[0]] = warmed[1]
