@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hsx_dagster.core.extraction.batch_shape_summary import ShapeTimes
 
 MIN_GAIN = 0.03  # a step is taken when the candidate is faster by more than this
-UNSURE = 0.08  # a comparison closer than this is run once more, by as many batches again, where the budget allows
+UNSURE = 0.15  # a comparison closer than this is run once more, by as many batches again, where the budget allows
 CLEAR_LOSS = 0.7  # a candidate this much slower on its first batch has lost: its second batch is not run
 WORST_CASE_LOSS = 0.5  # a step is started only if losing half of the candidate's time still fits the budget
 LATER_SHARE = 0.0  # of the budget of the samples after the lengths a probe decides for, what it may spend
