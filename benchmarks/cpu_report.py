@@ -16,6 +16,7 @@ TARGETS = {
     "bytes_over_payload": 1.01,
     "memory_growth": 1.10,
     "auto_over_best_bare": 0.90,
+    "auto_lowest_round": 0.80,
 }
 
 
@@ -68,6 +69,14 @@ def targets(results: dict, models: list[str]) -> list[dict]:
                 HEADLINE,
                 results["batch_shape"]["auto_over_best_bare"]["median"],
                 t["auto_over_best_bare"],
+            )
+        )
+        rows.append(
+            _target(
+                f"auto pipeline / best bare of the sweep, lowest round >= {t['auto_lowest_round']}",
+                HEADLINE,
+                results["batch_shape"]["auto_over_best_bare"]["lowest"],
+                t["auto_lowest_round"],
             )
         )
     growth = results["memory"]["peak_ratio"]

@@ -14,6 +14,7 @@ from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.dataset.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
 from hsx_dagster.core.extraction.batch_shape_summary import shape_label
 from hsx_dagster.core.extraction.engine import ExtractionReport
+from hsx_dagster.core.extraction.kernels import KernelUse, describe_kernels
 from hsx_dagster.core.inputs.tokenized import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
@@ -85,14 +86,23 @@ def shard_table_lines(hidden_states_dir, shard_keys, tokenized) -> list[str]:
     for row in rows:
         complete = hidden_states_dir / row.shard / COMPLETE_FILE
         if complete.is_file():
-            last_run = ExtractionReport.from_dict(json.loads(complete.read_text("utf-8"))["last_run"])
-            shape = batch_shape_lines(last_run)
+            recorded = json.loads(complete.read_text("utf-8"))["last_run"]
+            shape = batch_shape_lines(ExtractionReport.from_dict(recorded)) + kernel_lines(recorded)
             lines += [f"    {row.shard}:", *shape] if shape else []
     lines.append(f"  total       {total_line(rows)}")
     note = low_forward_share_note(rows)
     if note:
         lines.append(f"  attention   {note}")
     return lines
+
+
+def kernel_lines(last_run: dict) -> list[str]:
+    """The attention and linear-attention implementations a shard's last run used (none: no model loaded)."""
+    kernels = last_run.get("kernels")
+    if not kernels:
+        return []
+    uses = [KernelUse(**{**use, "functions": tuple(use["functions"])}) for use in kernels["linear_attention"]]
+    return [f"      kernels {describe_kernels(kernels['attention'], uses)}"]
 
 
 def batch_shape_lines(run: ExtractionReport) -> list[str]:

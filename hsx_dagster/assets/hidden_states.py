@@ -69,7 +69,7 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         asked = time.perf_counter()
         shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         live = ProgressReporter(context, shard, loaded.operations.progress_every_s, time.perf_counter() - asked)
-        result = run_shard(job, progress=context.log.info, on_progress=live)
+        result = run_shard(job, progress=context.log.info, on_progress=live, warn=context.log.warning)
         rows = shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         return MaterializeResult(metadata={**shards_metadata(rows), **hidden_states_metadata(result, job)})
 
@@ -137,6 +137,7 @@ def hidden_states_metadata(result: ShardResult, job: ShardJob) -> dict:
         "dtypes": f"{result.compute_dtype} compute, {job.extraction.storage_dtype} storage",
         "device claim": result.device_claim,  # a lock on the GPU's UUID, or the scheduler's (CUDA_VISIBLE_DEVICES)
         "attention": info.attn_implementation if info else job.extraction.attn_implementation,
+        **{use.role: use.summary() for use in (info.kernels if info else ())},  # linear attention, causal conv1d
         "batch settings": f"batch_size {job.extraction.batch_size}, max_batch_tokens {job.extraction.max_batch_tokens}",
         "chunks": str(len(totals.chunks)),
         # plain counts that tests and scripts read (stable membership: core/storage/shard_membership.py)

@@ -12,6 +12,9 @@ with forward hooks that capture exactly the requested layers.
 - The attention implementation is chosen before any weight loads: ``auto`` takes the fastest one the
   model's class supports on the device (flash-attention when installed on a GPU, else sdpa, else
   eager); an explicit one that cannot work is refused naming the setting and the values that work.
+- A hybrid target (Gated DeltaNet, Mamba) about to run on a GPU without its linear-attention kernels is
+  warned about before the weights load, with the pip command that fixes it; what ran (attention and each
+  kernel package) is in `BackboneInfo.kernels` and the log (core/extraction/kernels.py).
 - Capture uses forward hooks on the chosen decoder layers (and the final norm), not
   ``output_hidden_states``, which would keep every layer's activations alive at once.
 
@@ -28,7 +31,7 @@ import importlib.util
 import logging
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +39,13 @@ from typing import Any, cast
 import torch
 
 from hsx_dagster.core.choices import AttnImplementation
+from hsx_dagster.core.extraction.kernels import (
+    KernelUse,
+    describe_kernels,
+    fast_kernel_warning,
+    kernel_packages_found,
+    kernels_in_use,
+)
 from hsx_dagster.core.model_info import ModelInfo, text_weights_prefix, weight_names
 from hsx_dagster.core.storage.format import dtype_name
 from hsx_dagster.core.storage.provenance import FINAL_SLOT, StoredLayers
@@ -69,6 +79,7 @@ class BackboneInfo:
     device: str
     attn_implementation: str  # the one resolved and used (never `auto`)
     parameters: int  # parameters of the loaded (truncated) text decoder
+    kernels: tuple[KernelUse, ...] = ()  # what each linear-attention kernel package runs (empty: none used)
 
     @property
     def layers(self) -> StoredLayers:
@@ -259,6 +270,7 @@ class LoadedDecoder:
     hidden_size: int
     attn_implementation: str
     parameters: int
+    kernels: tuple[KernelUse, ...] = ()
 
 
 def load_text_decoder(
@@ -269,11 +281,12 @@ def load_text_decoder(
     compute_dtype: torch.dtype = torch.float32,
     attn_implementation: str = "auto",
     trust_remote_code: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> LoadedDecoder:
     """The text decoder of ``model_info`` (its directory checked by `check_model_dir`, which gives the `ModelInfo`)
     with its first ``keep`` layers (all when None), in eval mode, on ``device``; nothing else of the checkpoint
     (LM head, vision tower, MTP module, later layers) is built or read. Shared by the extraction and the parity
-    check's reference."""
+    check's reference. ``warn`` takes the warning about missing linear-attention kernels (default: the log)."""
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
@@ -288,6 +301,9 @@ def load_text_decoder(
     truncated = truncated_text_config(config, keep)
     model_class: Any = text_model_class(truncated, model_path, trust_remote_code)
     attention = resolve_attn_implementation(attn_implementation, AttentionFlags.of(model_class), device, compute_dtype)
+    warning = fast_kernel_warning(device.type, kernel_packages_found(model_class), model_class.__name__)
+    if warning:
+        (warn or log.warning)(warning)
     options: dict[str, Any] = {}
     prefix = text_weights_prefix(weight_names(model_path))
     if prefix is not None and prefix not in _NATIVE_PREFIXES:
@@ -328,6 +344,7 @@ def load_text_decoder(
         hidden_size=int(text_config.hidden_size),
         attn_implementation=str(attn_implementation_in_use(model) or attention),
         parameters=sum(p.numel() for p in model.parameters()),
+        kernels=kernels_in_use(model, device),
     )
 
 
@@ -340,8 +357,10 @@ def load_backbone(
     compute_dtype: torch.dtype = torch.float32,
     attn_implementation: str = "auto",
     trust_remote_code: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> Backbone:
-    """Load only what the requested layers need of ``model``, on ``device``, in ``compute_dtype``, in eval mode."""
+    """Load only what the requested layers need of ``model``, on ``device``, in ``compute_dtype``, in eval mode;
+    ``warn`` as in `load_text_decoder`."""
     if not layer_ids:
         raise BackboneError("no layers requested")
     num_layers = model.num_hidden_layers
@@ -355,15 +374,16 @@ def load_backbone(
         compute_dtype=compute_dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
+        warn=warn,
     )
     dropped = num_layers - keep
     log.info(
-        "loaded %s text decoder: %d of %d decoder layers%s, no LM head, %s attention",
+        "loaded %s text decoder: %d of %d decoder layers%s, no LM head; %s",
         loaded.model_type,
         keep,
         num_layers,
         f" ({dropped} after layer {keep - 1} not loaded)" if dropped else "",
-        loaded.attn_implementation,
+        describe_kernels(loaded.attn_implementation, loaded.kernels),
     )
     info = BackboneInfo(
         model_type=loaded.model_type,
@@ -376,5 +396,6 @@ def load_backbone(
         device=str(device),
         attn_implementation=loaded.attn_implementation,
         parameters=loaded.parameters,
+        kernels=loaded.kernels,
     )
     return Backbone(loaded.model, info)

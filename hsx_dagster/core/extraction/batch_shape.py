@@ -1,31 +1,29 @@
 """The batch shape of a shard run: fixed by the user, or found by a short probe on the shard's own batches.
 
-`extraction.batch_size` and `extraction.max_batch_tokens` are ``auto`` by default. A shard run then
-starts with a *probe*: the next batches of the shard (longest first, so the memory-hungriest ones) are
-cut with a few candidate shapes and timed with the device's own clock (CUDA events on a GPU, the
-wall clock on a CPU), and the shape with the most real tokens per second is kept. Every probed batch
-is real work: its states are stored like any other batch's, nothing is computed twice, and only the
-shard's pending samples are ever taken, so a resumed run never redoes a committed sample.
+`extraction.batch_size` and `extraction.max_batch_tokens` are ``auto`` by default. A shard run then probes:
+its next batches (longest first, so the memory-hungriest ones) are cut with a few candidate shapes, timed
+with the device's own clock (CUDA events on a GPU, the wall clock on a CPU), and the shape with the most real
+tokens per second is kept. Every probed batch is real work, stored like any other; nothing is computed twice,
+and only the shard's pending samples are taken, so a resumed run never redoes a committed sample.
 
-Candidates are powers of two of the token budget (the rows cap follows as budget // 32, so only
-samples shorter than 32 tokens ever meet it), starting from a size that suits the device and moving
-one step at a time, up first, then down, while a step is faster by more than 2%. Each step compares
-the incumbent and the candidate on alternating batches (incumbent, candidate, candidate, incumbent):
-neighbours in length and in time, so neither the shrinking lengths of a length-sorted shard nor a
-moment of load on the machine favours one side. On a GPU the largest candidate is bounded by the free
-memory, with a 20% margin, using the activation bytes per token measured on the first batch. An
-out-of-memory error lowers the budget for the rest of the run, whoever chose it, as before.
+The candidates form a grid of token budgets and rows caps (batch_shape_space.py): the budget binds long rows,
+the cap short ones, and a device's best shape is rarely on a line tying one to the other (2-core CPU: 8,192
+tokens, at most 16 rows). A probe tries the axis that cuts the next batch first (later probes alternate), one
+step at a time, from the direction the axis last moved in, then the other way, while a step is more than 3%
+faster; the rows cap only where the token budget alone takes 8 rows or more. Each step compares incumbent and
+candidate on alternating batches, run once more when close (batch_shape_compare.py). On a GPU the largest
+candidate is bounded by the free memory, with a 20% margin, using the activation bytes per token measured on
+the first batch; an out-of-memory error lowers the budget for the rest of the run, whoever chose it.
 
-Lengths change along a length-sorted shard, so the probe runs again, from the current shape, when
-the throughput falls well below what the probe measured (under 70% over 8 batches) or when the
-longest sample is half as long as at the last probe. What probing costs is the time the losing
-shapes took beyond what the winner would have needed for the same tokens; all probes of a run
-together stay within a budget of 3% of the run's estimated time (a probe step whose worst case does
-not fit is not started, and a losing candidate that has used up the rest of the budget is stopped after
-its batch). The estimate comes from the probe's own throughput, so when the run slows down later (a
-busy machine) the share of the real run can differ; each shard's metadata shows what was lost.
-With an explicit number for one of the two settings, only the other one is
-probed; with both, nothing is.
+Lengths change along a length-sorted shard, so the probe runs again, from the current shape, when the
+throughput falls well below what the probe measured (under 70% over 8 batches), when the longest sample is
+half as long as at the last probe, or when a neighbour that cut the same batches starts to cut others. What
+probing costs is the time the losing shapes took beyond what the winner would have needed for the same
+tokens: all probes together stay within 3% of the run's estimated time, spent where each choice runs
+(`ProbeBudget`); the estimate comes from the probe's own throughput, so on a machine that gets busier the
+share of the real run can differ (each shard's metadata shows what was lost). With an explicit number for
+one of the two settings, only the other one is probed; with both, nothing is. docs/configuration.md says
+why each rule is there.
 """
 
 from __future__ import annotations
@@ -38,6 +36,18 @@ from collections.abc import Callable
 import torch
 
 from hsx_dagster.core.choices import parse_auto_or_positive
+from hsx_dagster.core.extraction.batch_shape_compare import Comparison, ProbeBudget
+from hsx_dagster.core.extraction.batch_shape_space import (
+    AXIS_NAMES,
+    LADDERS,
+    MAX_ROWS,
+    ROW_TOKENS,
+    ROWS_TO_PROBE,
+    Grid,
+    Position,
+    binding_axis,
+    start_shape,
+)
 from hsx_dagster.core.extraction.batch_shape_summary import (
     BatchShapeSummary,
     ProbeLog,
@@ -48,15 +58,10 @@ from hsx_dagster.core.extraction.batch_shape_summary import (
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder
 from hsx_dagster.core.extraction.timing import Lap
 
+__all__ = ["BUDGET_FRACTION", "LADDERS", "MAX_ROWS", "ROW_TOKENS", "WINDOW", "BatchShaper", "Shape", "start_shape"]
+
 log = logging.getLogger(__name__)
 
-ROW_TOKENS = 32  # auto rows cap = token budget // ROW_TOKENS
-MAX_ROWS = 4096
-# Token budgets tried per device kind: (smallest, start, largest), powers of two.
-# On a CPU one sample of a few hundred tokens already keeps the cores busy: small batches, up from 2K if faster.
-LADDERS = {"cpu": (2**8, 2**11, 2**15), "mps": (2**10, 2**13, 2**16), "cuda": (2**12, 2**15, 2**19)}
-MIN_GAIN = 0.02  # a step is taken when the candidate is faster by more than this
-CLEAR_LOSS = 0.7  # a candidate this much slower on its first batch has lost: its second batch is not run
 BATCHES_PER_SIDE = 2  # batches of each side in one comparison (incumbent, candidate, candidate, incumbent)
 BUDGET_FRACTION = 0.03  # of the run's estimated time, for the cost of every probe together
 MEMORY_MARGIN = 0.2  # share of the free device memory the largest candidate leaves unused
@@ -64,7 +69,6 @@ DROP = 0.7  # re-probe when throughput over the last WINDOW batches is under thi
 WINDOW = 8
 LENGTH_CHANGE = 0.5  # re-probe when the longest sample is this share of the one at the last probe
 SAME_BATCHES = "same batches as the current shape"
-WORST_CASE_LOSS = 0.5  # a step is started only if losing half of the candidate's time still fits the budget
 
 
 class BatchShaper:
@@ -82,83 +86,66 @@ class BatchShaper:
         batches_per_side: int = BATCHES_PER_SIDE,
         report: Callable[[str], None] | None = None,
         shard: str = "",
+        start: Shape | None = None,
     ) -> None:
         self.rows = parse_auto_or_positive(batch_size)  # None: auto
         self.tokens = parse_auto_or_positive(max_batch_tokens)
         self.device = device
         self.order = order
-        self.budget_fraction = budget_fraction
         self.batches_per_side = max(1, batches_per_side)
         self._report = report or log.info
         self.shard = shard
         self.run_tokens = order.remaining_tokens
+        self.grid = Grid.of(self.rows, self.tokens, device.type, torch.get_num_threads(), start)
+        self.position: Position = self.grid.start
         self.cap: int | None = None  # lowered token budget (out of memory, or the GPU's free memory)
         self.cap_reason = ""
         self.probes: list[ProbeLog] = []
-        self.overhead_s = 0.0  # the losing sides' time beyond the winner's rate, every probe together
         self.probe_s = 0.0  # device time of every measured probe batch (all of it real work)
         self.probe_batches = 0
-        self.budget_s = 0.0
+        self.budget = ProbeBudget(budget_fraction, self.run_tokens)
         self.rate: float | None = None  # the current shape's tokens/s as last measured
         self._skipped_for_budget = 0
-        if self.rows is not None and self.tokens is not None:  # the user's numbers: nothing to probe
-            self.axis, self.values, self.index = "fixed", [0], 0
-        elif self.tokens is None:  # the token budget is probed; rows follow it, or are the user's
-            self.axis = "tokens"
-            low, start, high = LADDERS.get(device.type, LADDERS["cuda"])
-            self.values = [2**k for k in range(low.bit_length() - 1, high.bit_length())]
-            self.index = self.values.index(start)
-        else:  # the user fixed the token budget: the rows cap is probed
-            self.axis = "rows"
-            top = min(MAX_ROWS, self.tokens)
-            self.values = [2**k for k in range(top.bit_length())]
-            self.index = max(k for k, v in enumerate(self.values) if v <= max(1, self.tokens // ROW_TOKENS))
-        self.state = "fixed" if self.axis == "fixed" else "warmup"
+        self._won_last = False  # the last step of the probe under way moved
+        self._tried_at_start: set[tuple[str, int]] = set()  # (axis, direction) the run's first probe has tried
+        self.state = "run" if not self.grid.axes else "warmup"
         self._pending = ""  # what the batch being run is for: warmup, I, C, run
-        self._schedule: list[str] = []
-        self._candidate = self.index
+        self._candidate: Position = self.position
+        self._axes: list[str] = []  # the axes the probe under way has still to try, the current one first
+        self._momentum = {axis: 1 for axis in self.grid.axes}  # the direction each axis last moved in
+        self._first_axis: str | None = None  # the axis the last probe tried first
         self._direction = 1
         self._moved = False
         self._switched = False
-        self._sides: dict[str, ShapeTimes] = {}
+        self._ends: list[str] = []  # why each axis of the probe under way stopped
+        self._comparison = Comparison(self.batches_per_side)
         self._window: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._unresolved: deque[tuple[Lap, int]] = deque()
         self._memory_before = 0
         self._warmup_shape = self.current
         self._reference_length = 0  # the longest sample when the shape was last probed
-        self._blocked: int | None = None  # a neighbour that cut the same batches as the shape: tried once they differ
+        # neighbours that cut the same batches as the shape: tried once they differ
+        self._blocked: dict[str, Position] = {}
 
     # --- what the engine calls ---------------------------------------------------------------
 
     @property
     def auto(self) -> bool:
-        return self.axis != "fixed"
+        return bool(self.grid.axes)
 
     @property
     def current(self) -> Shape:
-        return self.shape(self.index)
+        return self.shape(self.position)
 
-    def shape(self, index: int) -> Shape:
-        if self.axis == "fixed":
-            rows, tokens = self.rows, self.tokens
-        elif self.axis == "tokens":
-            tokens = self.values[index]
-            rows = self.rows if self.rows is not None else max(1, min(MAX_ROWS, tokens // ROW_TOKENS))
-        else:
-            rows, tokens = self.values[index], self.tokens
-        assert rows is not None and tokens is not None
-        if self.cap is not None and tokens > self.cap:
-            tokens = self.cap
-            if self.axis == "tokens" and self.rows is None:
-                rows = max(1, min(MAX_ROWS, tokens // ROW_TOKENS))
-        return Shape(rows, tokens)
+    def shape(self, position: Position) -> Shape:
+        return self.grid.shape(position, self.cap)
 
     def next_shape(self) -> tuple[Shape, bool]:
         """The shape of the next batch, and whether its time must be read before the one after it is cut."""
         if self.state == "compare":
-            side = self._schedule[0]
+            side = self._comparison.schedule[0]
             self._pending = side
-            return self.shape(self._candidate if side == "C" else self.index), True
+            return self.shape(self._candidate if side == "C" else self.position), True
         self._pending = self.state
         if self.state == "warmup":
             self._warmup_shape = self.current
@@ -173,7 +160,7 @@ class BatchShaper:
             self._after_warmup(batch, lap)
         elif pending in ("I", "C"):
             self._after_compare_batch(pending, batch, lap)
-        elif pending == "run":
+        elif pending == "run" and self.auto:
             self._monitor(batch, lap)
 
     def record_unplanned(self) -> None:
@@ -188,31 +175,31 @@ class BatchShaper:
         self.cap_reason = "out of memory"
         pending, self._pending = self._pending, ""
         if self.state == "compare" and pending in ("I", "C"):
-            probe = self.probes[-1]
-            probe.steps.append(
-                {
-                    "incumbent": str(self.current),
-                    "candidate": str(self.shape(self._candidate)),
-                    "result": "out of memory",
-                }
+            incumbent, candidate = self.current, self.shape(self._candidate)
+            self.probes[-1].steps.append(
+                {"incumbent": str(incumbent), "candidate": str(candidate), "result": "out of memory"}
             )
-            self._next_step(candidate_lost=pending == "C" or self._candidate > self.index)
+            self._won_last = False
+            larger = (
+                candidate.max_batch_tokens > incumbent.max_batch_tokens or candidate.batch_size > incumbent.batch_size
+            )
+            self._next_step(candidate_lost=pending == "C" or larger)
         # during the warm-up: the next batch, cut under the lowered budget, warms up again
         return self.cap
 
     def summary(self) -> BatchShapeSummary:
         table = [row for probe in self.probes for row in probe.rows()]
-        modes = {"fixed": "fixed", "tokens": "auto" if self.rows is None else "auto max_batch_tokens"}
+        modes = {("tokens", "rows"): "auto", ("tokens",): "auto max_batch_tokens", ("rows",): "auto batch_size"}
         return BatchShapeSummary(
-            mode=modes.get(self.axis, "auto batch_size"),
+            mode=modes.get(self.grid.axes, "fixed"),
             batch_size=self.current.batch_size,
             max_batch_tokens=self.current.max_batch_tokens,
             probes=tuple(p.record() for p in self.probes),
             probe_table=tuple(table),
             probe_batches=self.probe_batches,
             probe_s=round(self.probe_s, 4),
-            probe_overhead_s=round(self.overhead_s, 4),
-            probe_budget_s=round(self.budget_s, 4),
+            probe_overhead_s=round(self.budget.spent_s, 4),
+            probe_budget_s=round(self.budget.run_s(self.rate), 4),
             probes_skipped_for_budget=self._skipped_for_budget,
             token_cap=self.cap,
             token_cap_reason=self.cap_reason or None,
@@ -225,7 +212,7 @@ class BatchShaper:
         self.probe_s += seconds
         self.probe_batches += 1
         self.rate = batch.real_tokens / seconds if seconds > 0 else None
-        if self.device.type == "cuda" and self.axis == "tokens":
+        if self.device.type == "cuda" and "tokens" in self.grid.axes:
             self._bound_by_free_memory(batch)
         warmed = ShapeTimes()
         if seconds > 0:  # the first batch goes in the table, as the first measurement of the starting shape
@@ -238,48 +225,88 @@ class BatchShaper:
         free, _total = torch.cuda.mem_get_info(self.device)
         available = free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         bound = int(available * (1 - MEMORY_MARGIN) / per_token)
-        if bound < self.values[-1] and (self.cap is None or bound < self.cap):
-            self.cap = max(self.values[0], bound)
+        if bound < self.grid.tokens[-1] and (self.cap is None or bound < self.cap):
+            self.cap = max(self.grid.tokens[0], bound)
             self.cap_reason = f"free device memory ({available / 2**30:.1f} GiB, {per_token / 2**10:.0f} KiB/token)"
 
-    def _start_probe(self, reason: str, direction: int = 1, warmed: tuple[Shape, ShapeTimes] | None = None) -> None:
+    def _start_probe(
+        self, reason: str, first: str | None = None, warmed: tuple[Shape, ShapeTimes] | None = None
+    ) -> None:
+        """A probe tries each axis in turn: ``first``, else the one the last probe did not start with, else the
+        one that cuts the next batch; each from the direction it last moved in, then the other way if that step
+        lost; an axis whose next step does not fit the budget ends there."""
         self.probes.append(ProbeLog(len(self.probes), reason, self.order.next_length))
         if warmed is not None and warmed[1].batches:
             self.probes[-1].shapes[warmed[0]] = warmed[1]
         self._reference_length = self.order.next_length
-        self._blocked = None
-        self._direction, self._moved, self._switched = direction, False, direction == -1
-        self._candidate = self.index
+        self._blocked = {}
+        if first is None and self._first_axis is not None:  # the other axis than last time gets the budget first
+            first = next((axis for axis in self.grid.axes if axis != self._first_axis), None)
+        binding = first or (binding_axis(self.current, self.order.next_length) if len(self.order) else "tokens")
+        self._axes = sorted(self.grid.axes, key=lambda axis: axis != binding)
+        self._first_axis = self._axes[0] if self._axes else None
+        self._ends = []
+        self._won_last = False
+        self._candidate = self.position
+        self._begin_axis()
         self._begin_step()
 
+    def _begin_axis(self) -> None:
+        self._direction = self._momentum[self._axes[0]] if self._axes else 1
+        self._moved = self._switched = False
+
+    def _end_axis(self, why: str) -> None:
+        axis = self._axes.pop(0)
+        if self._moved:
+            self._momentum[axis] = self._direction
+        self._ends.append(f"{AXIS_NAMES[axis]}: {why}" if len(self.grid.axes) > 1 else why)
+        self._begin_axis()
+
     def _begin_step(self) -> None:
-        """Start comparing the incumbent with its next neighbour, or end the probe."""
-        while True:
-            candidate = self.index + self._direction
-            reason = self._unusable(candidate)
-            first_same = candidate if reason == SAME_BATCHES else None
-            while reason == SAME_BATCHES:  # skip to the first neighbour that cuts other batches
-                candidate += self._direction
-                reason = self._unusable(candidate)
-            if first_same is not None and reason is not None:
-                self._blocked, reason = first_same, SAME_BATCHES  # tried again once its batches differ
+        """Start comparing the incumbent with its next neighbour on the current axis, or end the axis and
+        go on with the next one, or end the probe."""
+        while self._axes:
+            axis = self._axes[0]
+            candidate, reason = self._neighbour(axis, self._direction)
+            if reason is None and not self._affordable(candidate, self._may_spend_all(axis)):
+                self._end_axis("time budget")
+                continue
             if reason is None:
-                if not self._affordable(candidate):
-                    self._finish("time budget")
-                    return
+                if self.probes[-1].number == 0:
+                    self._tried_at_start.add((axis, self._direction))
                 self._candidate = candidate
-                self._schedule = ["I"] + ["C"] * self.batches_per_side + ["I"] * (self.batches_per_side - 1)
-                self._sides = {"I": ShapeTimes(), "C": ShapeTimes()}
+                self._comparison = Comparison(self.batches_per_side)
                 self.state = "compare"
                 return
-            if self._direction == 1 and not self._moved and not self._switched:
-                self._direction, self._switched = -1, True
+            if not self._moved and not self._switched:
+                self._direction, self._switched = -self._direction, True
                 continue
-            self._finish(reason)
-            return
+            self._end_axis(reason)
+        stopped = not self.probes[-1].steps and any(end.endswith("time budget") for end in self._ends)
+        self._finish("time budget" if stopped else "; ".join(self._ends))
 
-    def _unusable(self, candidate: int) -> str | None:
-        if not 0 <= candidate < len(self.values):
+    def _neighbour(self, axis: str, direction: int) -> tuple[Position, str | None]:
+        """The first neighbour along ``axis`` that cuts other batches than the shape, or why there is none;
+        a neighbour skipped for cutting the same batches is remembered, to be tried once they differ."""
+        if axis == "rows" and "tokens" in self.grid.axes and self._rows_in_budget() < ROWS_TO_PROBE:
+            return self.position, f"the token budget fits fewer than {ROWS_TO_PROBE} rows"
+        candidate = self.grid.step(self.position, axis, direction)
+        reason = self._unusable(candidate)
+        first_same = candidate if reason == SAME_BATCHES else None
+        while reason == SAME_BATCHES:
+            candidate = self.grid.step(candidate, axis, direction)
+            reason = self._unusable(candidate)
+        if first_same is not None and reason is not None:  # nothing further either: try it once its batches differ
+            self._blocked[axis] = first_same
+            reason = SAME_BATCHES
+        return candidate, reason
+
+    def _rows_in_budget(self) -> int:
+        """Rows of the next length the token budget alone would take."""
+        return self.current.max_batch_tokens // max(1, self.order.next_length)
+
+    def _unusable(self, candidate: Position) -> str | None:
+        if not self.grid.inside(candidate):
             return "end of the candidates"
         if not len(self.order):
             return "no samples left"
@@ -292,77 +319,86 @@ class BatchShaper:
             return SAME_BATCHES
         return None
 
-    def _affordable(self, candidate: int) -> bool:
-        """Whether the worst case of one more step still fits the run's probe budget."""
-        if not self.rate:
+    def _may_spend_all(self, axis: str) -> bool:
+        """Whether the next step may spend from the budget of the whole run, not only of the lengths it decides
+        for: a step after one that won (a better shape pays off beyond the lengths it was found on), and the
+        first step each way on each axis in the run's first probe (the starting shape is a guess)."""
+        if self._won_last:
             return True
-        self.budget_s = self.budget_fraction * self.run_tokens / self.rate
+        return self.probes[-1].number == 0 and (axis, self._direction) not in self._tried_at_start
+
+    def _affordable(self, candidate: Position, whole_run: bool) -> bool:
+        """Whether the worst case of one more step fits the probe budget (batch_shape_compare.ProbeBudget)."""
+        ahead = self.order.tokens_longer_than(int(LENGTH_CHANGE * self._reference_length))
+        return self.budget.allows(
+            self.rate, self.order.remaining_tokens, ahead, self._upcoming(candidate) * self.batches_per_side, whole_run
+        )
+
+    def _upcoming(self, candidate: Position) -> int:
+        """Real tokens of the candidate's next batch."""
         shape = self.shape(candidate)
-        upcoming = self.order.peek(shape.batch_size, shape.max_batch_tokens).real_tokens * self.batches_per_side
-        return self.overhead_s + WORST_CASE_LOSS * upcoming / self.rate <= self.budget_s
+        return self.order.peek(shape.batch_size, shape.max_batch_tokens).real_tokens
 
     def _after_compare_batch(self, side: str, batch: Batch, lap: Lap) -> None:
         seconds = lap.seconds(block=True) or 0.0
         self.probe_s += seconds
         self.probe_batches += 1
-        self._sides[side].add(batch.real_tokens, seconds)
-        shape = self.shape(self._candidate if side == "C" else self.index)
+        comparison = self._comparison
+        comparison.add(side, batch.real_tokens, seconds)
+        shape = self.shape(self._candidate if side == "C" else self.position)
         self.probes[-1].shapes.setdefault(shape, ShapeTimes()).add(batch.real_tokens, seconds)
-        self._schedule.pop(0)
-        incumbent, candidate = self._sides["I"], self._sides["C"]
-        clear_loss = side == "C" and incumbent.rate and candidate.rate < CLEAR_LOSS * incumbent.rate
-        if not self._schedule or not len(self.order) or clear_loss or self._over_budget(side):
+        over_budget = side == "C" and self.budget.exhausted_by(comparison)
+        if not comparison.schedule or not len(self.order) or comparison.clear_loss(side) or over_budget:
             self._decide()
 
-    def _over_budget(self, side: str) -> bool:
-        """A losing candidate has already cost the rest of the budget: decide now rather than finish its side."""
-        incumbent, candidate = self._sides["I"], self._sides["C"]
-        if side != "C" or not incumbent.rate or not self.budget_s:
-            return False
-        return self.overhead_s + candidate.seconds - candidate.tokens / incumbent.rate > self.budget_s
-
     def _decide(self) -> None:
-        incumbent, candidate = self._sides["I"], self._sides["C"]
-        if not incumbent.batches or not candidate.batches or not incumbent.rate or not candidate.rate:
+        comparison = self._comparison
+        ratio = comparison.ratio
+        if ratio is None:
+            self._axes = []
             self._finish("no samples left")
             return
-        ratio = candidate.rate / incumbent.rate
-        won = ratio > 1 + MIN_GAIN
-        winner, loser = (candidate, incumbent) if won else (incumbent, candidate)
-        self.overhead_s += max(0.0, loser.seconds - loser.tokens / winner.rate)
+        if len(self.order) and comparison.extend_if_close(
+            self.budget.spent_s, self.budget.allowed_s, self._upcoming(self._candidate)
+        ):
+            return
+        won = comparison.won()
+        self.budget.spent_s += comparison.loss_s()
         self.probes[-1].steps.append(
             {
                 "incumbent": str(self.current),
                 "candidate": str(self.shape(self._candidate)),
-                "incumbent_tokens_per_s": round(incumbent.rate, 1),
-                "candidate_tokens_per_s": round(candidate.rate, 1),
+                "incumbent_tokens_per_s": round(comparison.incumbent.rate, 1),
+                "candidate_tokens_per_s": round(comparison.candidate.rate, 1),
                 "ratio": round(ratio, 3),
                 "result": "moved" if won else "stayed",
+                **({"batches_a_side": 2 * comparison.per_side} if comparison.extended else {}),
             }
         )
-        self.rate = winner.rate
+        self.rate = (comparison.candidate if won else comparison.incumbent).rate
+        self._won_last = won
         if won:
-            self.index, self._moved = self._candidate, True
+            self.position, self._moved = self._candidate, True
         self._next_step(candidate_lost=not won)
 
     def _next_step(self, candidate_lost: bool) -> None:
-        if candidate_lost and (self._moved or self._switched or self._direction == -1):
-            self._finish("the next step was slower")
-            return
-        if candidate_lost:
-            self._direction, self._switched = -1, True
+        if candidate_lost and (self._moved or self._switched):
+            self._end_axis("the next step was slower")
+        elif candidate_lost:
+            self._direction, self._switched = -self._direction, True
         self._begin_step()
 
     def _finish(self, why: str) -> None:
         probe = self.probes[-1]
         probe.chosen, probe.ended = self.current, why
         self.state = "run"
+        self._axes = []
         self._window.clear()
         self._unresolved.clear()
         if probe.number > 0 and not probe.steps:
             self._report(f"{self.shard}: batch shape kept at {self.current}: {probe.reason}; not probed again: {why}.")
             return
-        totals = (self.probe_s, self.overhead_s, self.budget_s)
+        totals = (self.probe_s, self.budget.spent_s, self.budget.run_s(self.rate))
         self._report(probe_message(self.shard, probe.record(), probe.rows(), *totals))
 
     # --- after the probe: watch for the throughput dropping or the lengths changing ----------------
@@ -376,25 +412,34 @@ class BatchShaper:
             self._window.append((self._unresolved.popleft()[1], seconds))
         if not len(self.order):
             return
-        reason, rate, direction = None, None, 1
-        started = self._reference_length
-        if len(self._window) == WINDOW and self.rate:
-            rates = [t / s for t, s in self._window if s > 0]  # the median: one slow batch is noise, not a drop
-            rate = float(statistics.median(rates)) if rates else self.rate
-            if rate < DROP * self.rate:
-                reason = f"throughput dropped to {rate:,.0f} tokens/s, {rate / self.rate:.0%} of the probe's"
-        if reason is None and started and self.order.next_length <= LENGTH_CHANGE * started:
-            reason = f"the longest sample left is {self.order.next_length} tokens, {started} at the last probe"
-        if reason is None and self._blocked is not None and self._unusable(self._blocked) is None:
-            reason = f"{self.shape(self._blocked)} now cuts other batches than {self.current}"
-            direction = 1 if self._blocked > self.index else -1
+        reason, rate, first = self._reprobe_reason()
         if reason is None:
             return
         if self.order.remaining_tokens < 4 * self.batches_per_side * self.current.max_batch_tokens:
             return  # too little left to gain anything
-        self._start_probe(reason, direction)
+        self._start_probe(reason, first)
         if self.state == "run" and not self.probes[-1].steps:  # nothing could be tried: ask again after a change
             if self.probes.pop().ended == "time budget":
                 self._skipped_for_budget += 1
             self._reference_length = self.order.next_length
             self.rate = rate or self.rate
+
+    def _reprobe_reason(self) -> tuple[str | None, float | None, str | None]:
+        """Why the shape should be probed again (None: it should not), the throughput of the last batches, and
+        the axis to try first."""
+        rate = None
+        if len(self._window) == WINDOW and self.rate:
+            rates = [t / s for t, s in self._window if s > 0]  # the median: one slow batch is noise, not a drop
+            rate = float(statistics.median(rates)) if rates else self.rate
+            if rate < DROP * self.rate:
+                return f"throughput dropped to {rate:,.0f} tokens/s, {rate / self.rate:.0%} of the probe's", rate, None
+        started = self._reference_length
+        if started and self.order.next_length <= LENGTH_CHANGE * started:
+            reason = f"the longest sample left is {self.order.next_length} tokens, {started} at the last probe"
+            return reason, rate, None
+        for axis, blocked in self._blocked.items():
+            if self._unusable(blocked) is None:
+                k = 0 if axis == "tokens" else 1
+                self._momentum[axis] = 1 if blocked[k] > self.position[k] else -1
+                return f"{self.shape(blocked)} now cuts other batches than {self.current}", rate, axis
+        return None, rate, None

@@ -52,6 +52,11 @@ class LengthOrder:
         """The sum of the squared lengths of the rows left (what attention's cost grows with)."""
         return int(self._cumulative_squares[-1] - self._cumulative_squares[self.position])
 
+    def tokens_longer_than(self, length: int) -> int:
+        """Tokens of the rows left that are longer than ``length``."""
+        end = self.position + int(np.searchsorted(-self._sorted[self.position :], -length, side="left"))
+        return int(self._cumulative[end] - self._cumulative[self.position])
+
     @property
     def next_length(self) -> int:
         """Length of the longest row left (0 when none is)."""

@@ -22,6 +22,7 @@ from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION
 from hsx_dagster.core.extraction.devices import device_claim
 from hsx_dagster.core.extraction.disk_reservations import RESERVATIONS_DIR, DiskReservation, pending_writes, reserve
 from hsx_dagster.core.extraction.engine import ExtractionReport, extract_shard
+from hsx_dagster.core.extraction.kernels import describe_kernels, kernels_record
 from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
@@ -99,8 +100,10 @@ def run_shard(
     job: ShardJob,
     progress: Callable[[str], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ShardResult:
-    """``progress`` takes the run's messages; ``on_progress``, when given, the extraction's periodic `Progress`."""
+    """``progress`` takes the run's messages, ``warn`` its warnings (default: the log); ``on_progress``, when
+    given, the extraction's periodic `Progress`."""
     report = progress or log.info
     _require_shared_inputs(job)
     table = read_tokenized_shard(
@@ -117,7 +120,7 @@ def run_shard(
         claim=extraction.device_claim,
     ) as claim:
         report(f"{job.shard}: device {claim.device}, claim: {claim.how}")
-        result = _run_on_device(job, model, table, torch.device(claim.device), report, on_progress)
+        result = _run_on_device(job, model, table, torch.device(claim.device), report, on_progress, warn)
         result.device_claim = claim.how
         return result
 
@@ -145,6 +148,7 @@ def _run_on_device(
     device: torch.device,
     report: Callable[[str], None],
     on_progress: Callable[[Progress], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ShardResult:
     extraction = job.extraction
     compute_dtype = resolve_compute_dtype(extraction.compute_dtype, device)
@@ -187,7 +191,9 @@ def _run_on_device(
             compute_dtype=compute_dtype,
             attn_implementation=extraction.attn_implementation,
             trust_remote_code=job.model.trust_remote_code,
+            warn=warn,
         )
+        report(f"{job.shard}: {describe_kernels(backbone.info.attn_implementation, backbone.info.kernels)}")
         try:
             result = extract_shard(
                 job.shard,
@@ -256,10 +262,15 @@ def _finish(
             "departed_samples": departed,
             "quarantined": quarantined,
             "provenance": provenance.to_dict(),
-            "last_run": {**result.to_dict(), **changes},
+            "last_run": {**result.to_dict(), **changes, **_kernels(info)},
         }
     )
     return ShardResult(result, info, provenance.compute_dtype, totals, quarantined, current, departed, **changes)
+
+
+def _kernels(info: BackboneInfo | None) -> dict:
+    """The attention and linear-attention implementations the run used, for ``last_run`` (none: no model loaded)."""
+    return {"kernels": kernels_record(info.attn_implementation, info.kernels)} if info else {}
 
 
 def _check_disk_space(job: ShardJob, model: ModelInfo, table: pa.Table, todo: np.ndarray) -> DiskReservation:
