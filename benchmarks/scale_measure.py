@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -135,11 +136,12 @@ def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) 
             pid, status, usage = os.wait4(-1, os.WNOHANG if ended is not None else 0)
         except ChildProcessError:
             break
-        if pid == 0:  # descendants still running after the command ended
-            if time.perf_counter() - (ended or 0.0) > LINGER_S:
+        if pid == 0:  # descendants still running after the command ended: asked to end, then ended
+            late = time.perf_counter() - (ended or 0.0)
+            if late > LINGER_S:
                 for left in _children(os.getpid()):
-                    os.kill(left, 15)
-            time.sleep(0.1)
+                    os.kill(left, signal.SIGTERM if late < LINGER_S + 10 else signal.SIGKILL)
+            time.sleep(0.5)
             continue
         reaped[pid] = (status, usage)
         if pid == child.pid:
