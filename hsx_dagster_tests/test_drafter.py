@@ -225,6 +225,37 @@ def test_duplicated_sample_fails_coverage(broken_copy):
     assert not outcome.passed and "appear more than once" in outcome.description
 
 
+def test_coverage_reads_no_chunk_the_shard_checks_verified_and_still_places_every_sample(broken_copy):
+    """#33: after the shard checks verified every chunk (and found its ids and masks equal to the tokenized shard),
+    the dataset's coverage reads none of them: each chunk's index record says what it holds. Rows of the index
+    swapped between two places of a chunk are still caught."""
+    import os
+    import time
+
+    from hsx_dagster.core.storage.shard_checks import check_shard
+
+    stamp = time.time_ns() - 60 * 10**9  # chunks written a while before their checks
+    for shard in SHARDS:
+        folder = broken_copy / "hidden_states" / shard
+        for chunk in folder.glob("chunk-*"):
+            os.utime(chunk, ns=(stamp, stamp))
+        assert all(o.passed for o in check_shard(folder, broken_copy / "tokenized", shard).values())
+    outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert outcome.passed and outcome.metadata["chunks_compared"] == 0, outcome.description
+
+    index_file = broken_copy / "drafter" / "index.parquet"
+    index = pq.read_table(index_file)
+    chunks, positions = index.column("chunk").to_pylist(), index.column("position").to_pylist()
+    first, second = [row for row, chunk in enumerate(chunks) if chunk == chunks[0]][:2]
+    positions[first], positions[second] = positions[second], positions[first]
+    pq.write_table(index.set_column(3, "position", pa.array(positions, pa.int32())), index_file)
+    outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert not outcome.passed and "2 samples differ from the tokenized dataset or sit at the wrong place" in (
+        outcome.description
+    )
+    assert outcome.metadata["chunks_compared"] == 0
+
+
 def test_flipped_byte_fails_integrity_naming_the_chunk(broken_copy):
     chunk = broken_copy / "hidden_states" / "shard-00" / first_chunk(broken_copy)
     data = bytearray(chunk.read_bytes())
