@@ -189,6 +189,11 @@ class DrafterDataset(torch.utils.data.Dataset):
             self._open[name] = (handle, offsets, sample_ids)
         return self._open[name]
 
+    def close(self) -> None:
+        """Let go of the chunks opened so far (each is memory-mapped: the pages a long pass read stay counted in the
+        process's resident memory until it lets go); the next read opens what it needs again."""
+        self._open = {}
+
     def __getstate__(self) -> dict:
         # Spawned DataLoader workers receive the dataset by pickling the Dataset object itself (the
         # data files are never pickled); open file handles stay behind.

@@ -163,6 +163,8 @@ def write_batch(writer: RowWriter, start: int, indices: np.ndarray) -> tuple[int
             with contextlib.suppress(OSError):
                 temporary.unlink()
         raise
+    finally:
+        dataset.close()  # the chunks' mapped pages read for this batch are not held through the whole export
     return len(temporaries), len(indices) - len(temporaries)
 
 
