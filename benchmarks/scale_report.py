@@ -19,7 +19,6 @@ from pathlib import Path
 
 from benchmarks.report import table, write_results
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET_N = 1_000_000
 GOAL_EXTRA_S = 120.0
 GOAL_RSS = 2 * 10**9
@@ -167,6 +166,8 @@ def markdown(states: dict[int, dict], entries: list[dict]) -> str:
         rows.append(row)
     lines = [f"# Scale run, {time.strftime('%Y-%m-%d')}", "", table(head, rows, 1), ""]
     for n in sizes:
+        lines += [f"## {n:,} conversations", "", _detail_table(states[n]), ""]
+    for n in sizes:
         state = states[n]
         loads = [r["load_before"][0] for r in state["steps"].values()]
         lines.append(
@@ -177,7 +178,26 @@ def markdown(states: dict[int, dict], entries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(work: Path, sizes: list[int], label: str = "") -> None:
+def _detail_table(state: dict) -> str:
+    """Every command of one size: wall and CPU seconds, peak RSS, bytes added, load before, others' cores."""
+    head = ["command", "s", "CPU s", "peak RSS MB", "tree RSS MB", "MB written", "load before", "others' cores"]
+    rows = [
+        [
+            label,
+            record["wall_s"],
+            record["cpu_s"],
+            round(record["peak_rss_bytes"] / MB),
+            round(record["peak_tree_rss_bytes"] / MB),
+            round(record["bytes_added"] / MB, 1),
+            record["load_before"][0],
+            record["others_cores"],
+        ]
+        for label, record in state["steps"].items()
+    ]
+    return table(head, rows, [0, 1, 1, 0, 0, 1, 2, 2])
+
+
+def write_report(work: Path, sizes: list[int], out: Path, label: str = "") -> None:
     states = load_sizes(work, sizes)
     if not states:
         print(f"nothing measured under {work} for sizes {sizes}")
@@ -189,5 +209,5 @@ def write_report(work: Path, sizes: list[int], label: str = "") -> None:
         "sizes": {str(n): states[n] for n in sorted(states)},
         "rows": entries,
     }
-    stem = REPO / "benchmarks" / "results" / f"{time.strftime('%Y-%m-%d')}-scale{('-' + label) if label else ''}"
+    stem = out / f"{time.strftime('%Y-%m-%d')}-scale{('-' + label) if label else ''}"
     write_results(stem, results, markdown(states, entries))

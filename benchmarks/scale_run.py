@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean-after", action="store_true", help="delete a size's outputs once measured")
     parser.add_argument("--report-only", action="store_true", help="only write the report from steps.json files")
     parser.add_argument("--label", default="", help="a suffix of the report's file name (e.g. before)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder of the results")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     selected = [s for s in args.steps.split(",") if s]
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             measure_size(size, args, selected)
     from benchmarks.scale_report import write_report
 
-    write_report(Path(args.work), sizes, args.label)
+    write_report(Path(args.work), sizes, args.out, args.label)
     return 0
 
 
