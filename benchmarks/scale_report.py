@@ -51,6 +51,7 @@ def _command_row(state: dict, label: str) -> dict | None:
         "bytes": record["bytes_added"],
         "load": record["load_before"][0],
         "others": record["others_cores"],
+        "rate": record.get("plain_write_bytes_per_s"),
     }
 
 
@@ -119,7 +120,7 @@ def compare(states: dict[int, dict]) -> list[dict]:
             n1, n2 = sizes[0], sizes[-1]
             a, b = per_size[n1][name], per_size[n2][name]
             if a and b:
-                rate = states[n2]["plain_write_bytes_per_s"]
+                rate = b.get("rate") or states[n2]["plain_write_bytes_per_s"]
                 budget = GOAL_EXTRA_S + (b.get("bytes") or 0) / rate
                 entry |= {
                     "size_ratio": round(n2 / n1, 2),

@@ -48,6 +48,7 @@ DEFAULT_WORK = REPO / "data" / "out" / "scale"  # git-ignored
 STEPS = ("observe", "tokenize", "shards", "recheck", "drafter", "speculators", "specforge", "report")
 AGENTIC_SHARE = 0.2
 MODULE = ["-m", "hsx_dagster.definitions"]
+WRITING_STEPS = ("drafter", "speculators", "specforge")  # steps under the goal whose bytes written count
 
 
 def write_inputs(folder: Path, conversations: int, files: int) -> list[Path]:
@@ -166,6 +167,8 @@ def _utc(timestamp: float):
 def run_step(root: Path, env: dict[str, str], name: str, argv: list[str], label: str) -> dict:
     out = root / "out"
     out.mkdir(exist_ok=True)
+    # the disk's pace for a plain write of this step's bytes, taken now: on a shared machine it moves with the load
+    rate = round(plain_write_rate(root, 256 * 2**20)) if name in WRITING_STEPS else None
     before = tree_bytes(out)
     since = time.time() - 1.0
     print(f"[{root.name}] {label}: {' '.join(Path(a).name if a.startswith('/') else a for a in argv)}", flush=True)
@@ -175,6 +178,7 @@ def run_step(root: Path, env: dict[str, str], name: str, argv: list[str], label:
         "label": label,
         **{k: v for k, v in asdict(measured).items() if k not in ("processes", "output_tail")},
         "bytes_added": tree_bytes(out) - before,
+        "plain_write_bytes_per_s": rate,
         "dagster_steps": dagster_steps(Path(env["DAGSTER_HOME"]), since, measured) if "dagster" in argv[0] or
         "hsx_dagster.launch" in argv else [],
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -117,7 +117,7 @@ def _executor(kind: str, workers: int) -> Executor:
     if kind == "process":
         return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread)
     if kind == "thread":
-        return ThreadPoolExecutor(workers, thread_name_prefix="hsx-export", initializer=_one_thread)
+        return ThreadPoolExecutor(workers, thread_name_prefix="hsx-export")  # torch's thread count is per process
     return _Inline()
 
 

@@ -13,6 +13,7 @@ the ``datasets`` rows, the backend and the ``file`` layout (the ``sample_id`` co
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Callable
@@ -134,7 +135,8 @@ def _write_rows(work: Path, tokenized_dir: Path, shards: list[str], order: np.nd
     write_atomic(work / "dataset_info.json", json.dumps(info, indent=2).encode())
     state = {
         "_data_files": [{"filename": ARROW_FILE}],
-        "_fingerprint": f"hsx-{len(order)}-{hash(tuple(order.tolist())) & 0xFFFFFFFF:08x}",
+        # datasets' cache key of the rows: a digest of the row order (not a tuple of 10^6 Python ints)
+        "_fingerprint": f"hsx-{len(order)}-{hashlib.blake2b(order.tobytes(), digest_size=4).hexdigest()}",
         "_format_columns": ["input_ids", "loss_mask", "seq_len"],
         "_format_kwargs": {},
         "_format_type": "torch",
