@@ -3,13 +3,15 @@ workers, each batch of files made durable by one sync, every file atomic, a re-r
 
 A worker writes each file of its batch under a hidden temporary name, then makes the batch durable at once
 (``syncfs`` of the file system: one flush of the journal for the batch, where an fsync per file costs a journal
-commit per file: 3 ms a file on this project's disk, hours at 10^6 files), then renames the files to their names
+commit per file: 3 ms a file on this project's disk, 50 minutes at 10^6 files), then renames the files to their names
 and fsyncs each folder once. So a file exists under its name only once its bytes are on disk: a crash leaves whole
 files and temporaries, and a re-run skips the whole files and writes the rest (a temporary is written again).
 
-Workers are processes by default (``spawn``: none inherits the threads of a Dagster step): rendering a row is
-mostly Python (index lookup, slicing, pickling) that holds the GIL, so threads do not add up on small rows
-(docs/benchmarks.md); a pool sized to the cores the process may use, and in-process for a few rows.
+Workers are threads by default, one per core the process may use: on this project's 2-core machine they wrote
+SpecForge files 1.4x as fast as one thread and 1.7x as fast as a pool of as many processes, whose start (each
+imports torch) and memory (each its own) cost more than the GIL they avoid (benchmarks/export_pool.py,
+docs/benchmarks.md). ``kind="process"`` (``spawn``: no worker inherits a Dagster step's threads) is there to
+measure it again elsewhere; one batch or one core: in-process.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import torch
 from hsx_dagster.core.dataset.reader import DrafterDataset
 
 ROWS_PER_BATCH = 256  # files made durable by one sync
-IN_PROCESS_BELOW = 2048  # rows: fewer are not worth starting worker processes for
 POOL_KINDS = ("process", "thread", "inline")
 
 
@@ -74,7 +75,7 @@ def write_rows(
     ``progress(done, total)`` after each batch."""
     workers = workers or default_workers()
     if kind == "auto":
-        kind = "inline" if len(indices) < IN_PROCESS_BELOW or workers == 1 else "process"
+        kind = "inline" if len(indices) <= ROWS_PER_BATCH or workers == 1 else "thread"
     if kind not in POOL_KINDS:
         raise ValueError(f"kind must be one of {POOL_KINDS} or auto, not {kind!r}")
     batches = [
@@ -117,12 +118,12 @@ def _executor(kind: str, workers: int) -> Executor:
     if kind == "process":
         return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread)
     if kind == "thread":
-        return ThreadPoolExecutor(workers, thread_name_prefix="hsx-export")  # torch's thread count is per process
+        return ThreadPoolExecutor(workers, thread_name_prefix="hsx-export")
     return _Inline()
 
 
 def _one_thread() -> None:
-    torch.set_num_threads(1)  # one core per worker: the pool is the parallelism
+    torch.set_num_threads(1)  # one core per worker process: the pool is the parallelism
 
 
 _datasets = threading.local()
@@ -142,6 +143,10 @@ def write_batch(writer: RowWriter, start: int, indices: np.ndarray) -> tuple[int
     synced once, then renamed into place. Returns (written, kept)."""
     dataset = _dataset(writer.drafter_dir)
     temporaries: list[tuple[Path, Path]] = []
+    # A row's tensors are small: an OpenMP team per op only spins (768 rows in-process: 12.8 s with 2 threads on
+    # the busy 2-core machine, 3.4 s with one). The setting is per thread (OpenMP): the caller's own is put back.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         for row, index in enumerate(indices.tolist(), start):
             final = writer.path(row)
@@ -165,6 +170,7 @@ def write_batch(writer: RowWriter, start: int, indices: np.ndarray) -> tuple[int
         raise
     finally:
         dataset.close()  # the chunks' mapped pages read for this batch are not held through the whole export
+        torch.set_num_threads(threads)
     return len(temporaries), len(indices) - len(temporaries)
 
 
