@@ -7,11 +7,11 @@ commit per file: 3 ms a file on this project's disk, 50 minutes at 10^6 files), 
 and fsyncs each folder once. So a file exists under its name only once its bytes are on disk: a crash leaves whole
 files and temporaries, and a re-run skips the whole files and writes the rest (a temporary is written again).
 
-Workers are threads by default, one per core the process may use: on this project's 2-core machine they wrote
-SpecForge files 1.4x as fast as one thread and 1.7x as fast as a pool of as many processes, whose start (each
-imports torch) and memory (each its own) cost more than the GIL they avoid (benchmarks/export_pool.py,
-docs/benchmarks.md). ``kind="process"`` (``spawn``: no worker inherits a Dagster step's threads) is there to
-measure it again elsewhere; one batch or one core: in-process.
+Workers are processes (``spawn``: none inherits the threads of a Dagster step), one per core the process may use:
+rendering a row is mostly Python (index lookup, slicing, pickling) that holds the GIL. Measured on this project's
+2-core machine, quiet, on the 20,000 files of the scale run's SpecForge export (benchmarks/export_pool.py): one
+process 22.0 s, two threads 19.6 s, two processes 17.0 s with their start (each imports torch: a few seconds), so
+exports of fewer than IN_PROCESS_BELOW rows are written in-process. ``kind="thread"`` is there to measure again.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch
 from hsx_dagster.core.dataset.reader import DrafterDataset
 
 ROWS_PER_BATCH = 256  # files made durable by one sync
+IN_PROCESS_BELOW = 4096  # rows: fewer are not worth the worker processes' start
 POOL_KINDS = ("process", "thread", "inline")
 
 
@@ -75,7 +76,7 @@ def write_rows(
     ``progress(done, total)`` after each batch."""
     workers = workers or default_workers()
     if kind == "auto":
-        kind = "inline" if len(indices) <= ROWS_PER_BATCH or workers == 1 else "thread"
+        kind = "inline" if len(indices) < IN_PROCESS_BELOW or workers == 1 else "process"
     if kind not in POOL_KINDS:
         raise ValueError(f"kind must be one of {POOL_KINDS} or auto, not {kind!r}")
     batches = [
