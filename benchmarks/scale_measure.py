@@ -3,9 +3,13 @@
 The measuring process makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so a process that a
 Dagster command starts and leaves behind (a run worker launched through a code server, a step process) is
 re-parented here instead of to init: every descendant is reaped here or by its own parent, and ``wait4`` gives
-each one's CPU seconds and peak RSS (``ru_maxrss``: the process's own high-water mark, or that of a child it
-reaped, whichever is larger). A sampler thread reads ``/proc`` every ``SAMPLE_S``: each process's command line
-(to name Dagster's step processes) and high-water mark, and the sum of the tree's resident memory.
+each one's CPU seconds. A sampler thread reads ``/proc`` every ``SAMPLE_S``: each process's command line (to name
+Dagster's step processes), its high-water mark (``VmHWM``) and the sum of the tree's resident memory.
+
+A process's peak RSS is its sampled ``VmHWM``; ``ru_maxrss`` only for a process gone before its first sample. The
+kernel folds into ``ru_maxrss`` the memory of the process that forked it, as it stood at the fork (the old address
+space's high-water mark is kept at exec): a step started by a 800 MB parent would read 800 MB whatever it used.
+``VmHWM`` belongs to the address space the program runs in. For the same reason the measuring script stays small.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class Measured:
     returncode: int
     wall_s: float
     cpu_s: float  # user + system of the command and every descendant
-    peak_rss_bytes: int  # the largest single process (wait4's ru_maxrss)
+    peak_rss_bytes: int  # the largest single process (its VmHWM)
     peak_tree_rss_bytes: int  # the largest sum of the tree's resident memory seen by the sampler
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
@@ -155,7 +159,7 @@ def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) 
         ProcessFigures(
             pid,
             sampler.commands.get(pid, "?")[:300],
-            max(usage.ru_maxrss, sampler.hwm_kib.get(pid, 0)) * 1024,  # type: ignore[attr-defined]
+            (sampler.hwm_kib.get(pid) or usage.ru_maxrss) * 1024,  # type: ignore[attr-defined]
             usage.ru_utime + usage.ru_stime,  # type: ignore[attr-defined]
         )
         for pid, (_, usage) in reaped.items()

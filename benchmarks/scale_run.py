@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -89,9 +90,16 @@ def build_target(folder: Path, hidden: int) -> Path:
 
 
 def prepare(root: Path, conversations: int, args: argparse.Namespace) -> dict[str, str]:
-    """Inputs, settings file and Dagster instance of one size; the environment its steps run in."""
-    inputs = write_inputs(root / "inputs", conversations, args.files)
-    model = build_target(Path(args.work) / f"model-h{args.hidden}", args.hidden)
+    """Inputs, settings file and Dagster instance of one size; the environment its steps run in. The inputs and the
+    model are made by a child process: this one stays small (scale_measure.py)."""
+    model = Path(args.work) / f"model-h{args.hidden}"
+    code = (
+        "from pathlib import Path; from benchmarks.scale_run import write_inputs, build_target; "
+        f"write_inputs(Path({str(root / 'inputs')!r}), {conversations}, {args.files}); "
+        f"build_target(Path({str(model)!r}), {args.hidden})"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+    inputs = [root / "inputs" / f"part-{k:02d}.jsonl" for k in range(args.files)]
     settings = {
         "dataset": {"paths": [str(p) for p in inputs], "max_length": 4096},
         "model": {"path": str(model), "layers": "speculators", "include_final": True},
@@ -126,18 +134,27 @@ def commands(shards: int) -> dict[str, list[list[str]]]:
 
 
 def dagster_steps(home: Path, since: float, measured: Measured) -> list[dict]:
-    """Every Dagster step of the runs created since ``since``: its run, key, seconds and its process's peak RSS."""
+    """Every Dagster step of the runs created since ``since``: its run, key, seconds and its process's peak RSS (read
+    by a child process: this one stays small, see scale_measure.py)."""
+    code = f"from benchmarks.scale_run import step_events; step_events({str(home)!r}, {since!r})"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True)
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    for step in steps:
+        step["peak_rss_bytes"] = peak_of(measured, step.pop("pid")) if step.get("pid") else None
+    return steps
+
+
+def step_events(home: str, since: float) -> None:
+    """Prints, as JSON, the steps of the runs created since ``since`` with the pid their STEP_START names."""
     from dagster import DagsterEventType, DagsterInstance, RunsFilter
 
-    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ["DAGSTER_HOME"] = home
     steps = []
     with DagsterInstance.get() as instance:
-        runs = instance.get_run_records(filters=RunsFilter(created_after=_utc(since)), ascending=True)
-        for record in runs:
+        for record in instance.get_run_records(filters=RunsFilter(created_after=_utc(since)), ascending=True):
             run = record.dagster_run
-            events = instance.all_logs(run.run_id)
             starts = {}
-            for entry in events:
+            for entry in instance.all_logs(run.run_id):
                 event = entry.dagster_event
                 if event is None or event.step_key is None:
                     continue
@@ -152,10 +169,10 @@ def dagster_steps(home: Path, since: float, measured: Measured) -> list[dict]:
                             "step": event.step_key,
                             "ok": event.event_type == DagsterEventType.STEP_SUCCESS,
                             "seconds": round(entry.timestamp - begun, 3),
-                            "peak_rss_bytes": peak_of(measured, pid) if pid else None,
+                            "pid": pid,
                         }
                     )
-    return steps
+    print(json.dumps(steps))
 
 
 def _utc(timestamp: float):
