@@ -75,22 +75,26 @@ def shard_rows(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir
 
 
 def _read_complete(folder: Path) -> dict | None:
+    """complete.json, None when the shard has none (or its folder is not a folder: the table never fails on it)."""
     try:
         return json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (OSError, ValueError):
         return None
 
 
 def _with_complete(row: ShardRow, complete: dict, folder: Path) -> ShardRow:
-    """A complete shard's totals and last run, as complete.json records them (removed before its index changes)."""
-    row = replace(
-        row,
-        samples=complete["samples"],
-        tokens=complete["tokens"],
-        bytes=complete["bytes"],
-        # the current samples set aside; an older complete.json without the count: the quarantine log's lines
-        quarantined=complete["quarantined"] if "quarantined" in complete else len(read_quarantine(folder)),
-    )
+    """A complete shard's totals and last run, as complete.json records them (removed before its index changes);
+    from the index where an older complete.json lacks a total."""
+    if all(key in complete for key in ("samples", "tokens", "bytes")):
+        samples, tokens, size = complete["samples"], complete["tokens"], complete["bytes"]
+    else:
+        totals = shard_totals(folder)
+        samples, tokens, size = totals.samples, totals.tokens, totals.bytes
+    # the current samples set aside; an older complete.json without the count: the quarantine log's lines
+    quarantined = complete["quarantined"] if "quarantined" in complete else len(read_quarantine(folder))
+    row = replace(row, samples=samples, tokens=tokens, bytes=size, quarantined=quarantined)
+    if "last_run" not in complete:
+        return row
     run = ExtractionReport.from_dict(complete["last_run"])
     if not run.samples:  # a run that found everything done says nothing about speed
         return replace(row, device=run.device)
