@@ -9,13 +9,14 @@
 #               host path at real widths: <date>-host-path.{json,md}
 #   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}, <date>-host-path-gpu.*
 #   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
+#   make bench-scale  every step of the pipeline at 2 x 10^4 and 2 x 10^5 conversations: benchmarks/results/<date>-scale.{json,md}
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-quick check ui bench bench-gpu bench-regen install data instance clean trainer-env
+.PHONY: demo test test-quick check ui bench bench-gpu bench-regen bench-scale install data instance clean trainer-env
 
 install: $(VENV)/.installed
 
@@ -84,6 +85,10 @@ bench: data
 
 bench-regen: data
 	$(BIN)/python -m benchmarks.regeneration
+
+# Resumable: a second call measures only the steps not recorded yet (python -m benchmarks.scale_run --help).
+bench-scale: data
+	$(BIN)/python -m benchmarks.scale_run
 
 # Needs the core's dependencies (torch, transformers, safetensors, pyarrow, pydantic-settings, ...), not dagster:
 # runs with a GPU box's own Python when there is no .venv.

@@ -16,4 +16,8 @@ gpu_models.py    its models at real sizes, built on the device, and their sample
 gpu_runs.py      the matmul ceiling and its contestants in interleaved rounds
 gpu_report.py    its machine facts and Markdown
 regeneration.py  `make bench-regen`: regeneration throughput by concurrency
+scale_run.py     `make bench-scale`: every step of the pipeline at 2 x 10^4 and 2 x 10^5 conversations
+scale_measure.py a command and every process it starts, measured by the kernel
+scale_report.py  the scale run's growth, 10^6 extrapolation and goals
+export_pool.py   SpecForge files written in-process, by threads or by processes
 """

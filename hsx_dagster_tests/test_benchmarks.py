@@ -144,3 +144,53 @@ def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_
         assert summary["host_cpu_s_per_gb"] == pytest.approx(host, rel=0.01, abs=0.01)
     assert not list(tmp_path.glob("host-path-*"))  # every run's scratch folder is gone
     assert "| 256 x 4 float8_e4m3 |" in path.with_suffix(".md").read_text()
+
+
+def test_scale_run_measures_every_step_as_a_user_runs_it(tmp_path):
+    """benchmarks/scale_run.py at toy size: every step a child process of the Dagster CLI or hsx_dagster.launch,
+    measured (wall, CPU, the kernel's peak RSS of its processes, Dagster's own steps inside it); a second call
+    finds every step recorded and measures nothing again."""
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "benchmarks.scale_run", "--sizes", "24", "--shards", "1", "--files", "2",
+               "--work", str(work), "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True, timeout=900)
+    state = json.loads((work / "24" / "steps.json").read_text())
+    steps = state["steps"]
+    assert list(steps) == [
+        "observe",
+        "tokenize",
+        "shard-00",
+        "recheck",
+        "drafter",
+        "speculators",
+        "specforge",
+        "report",
+    ]
+    for label, record in steps.items():
+        assert record["returncode"] == 0 and record["wall_s"] > 0 and record["cpu_s"] > 0, label
+        assert 50e6 < record["peak_rss_bytes"] < 8e9 and record["peak_tree_rss_bytes"] >= 0, label
+    inside = {label: {s["step"]: s for s in record["dagster_steps"]} for label, record in steps.items()}
+    assert {"extract_hidden_states", "check_hidden_states_shard"} <= set(inside["shard-00"])
+    assert {"drafter_dataset", "drafter_dataset_drafter_coverage"} <= set(inside["drafter"])
+    assert all(s["ok"] and s["seconds"] > 0 and s["peak_rss_bytes"] for s in inside["shard-00"].values())
+    assert steps["specforge"]["bytes_added"] > 0 and state["plain_write_bytes_per_s"] > 0
+    (report,) = tmp_path.glob("*-scale.md")
+    assert "| shard checks |" in report.read_text() and "| specforge export |" in report.read_text()
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
+    assert json.loads((work / "24" / "steps.json").read_text())["steps"] == steps  # resumed: nothing measured again
+
+
+def test_scale_report_grows_and_extrapolates_each_step(tmp_path):
+    """The report's arithmetic on two sizes: growth, the straight line to 10^6, the goal at the larger size."""
+    from benchmarks.scale_report import compare
+
+    def state(n: int, seconds: float, rss: int, written: int) -> dict:
+        record = {"wall_s": seconds, "cpu_s": seconds, "peak_rss_bytes": rss, "bytes_added": written,
+                  "load_before": [0.5, 0, 0], "others_cores": 0.0, "dagster_steps": []}  # fmt: skip
+        return {"conversations": n, "plain_write_bytes_per_s": 10**9, "steps": {"speculators": record}}
+
+    rows = compare({20_000: state(20_000, 10.0, 10**9, 0), 200_000: state(200_000, 100.0, 1.5 * 10**9, 5 * 10**10)})
+    (row,) = [r for r in rows if r["step"] == "speculators export"]
+    assert (row["time_growth"], row["rss_growth"], row["size_ratio"]) == (10.0, 1.5, 10.0)
+    assert row["seconds_1e6"] == 500.0 and row["rss_1e6"] == round(1.5e9 + 0.5e9 / 180_000 * 800_000)
+    assert row["budget_s"] == 170.0 and row["within_time"] and row["within_rss"]

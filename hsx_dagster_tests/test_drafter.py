@@ -99,6 +99,34 @@ def test_splits_are_a_function_of_the_sample_id(dataset_root):
         DrafterDataset(dataset_root / "drafter", split="test")
 
 
+def test_the_index_equals_the_one_built_sample_by_sample(dataset_root):
+    """The index assembled from numpy columns (flat memory) holds exactly the rows the per-sample Python loop it
+    replaced made: every committed sample of every chunk, at its position, with its token counts and split."""
+    from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
+    from hsx_dagster.core.storage.format import DRAFTER_INDEX_SCHEMA
+    from hsx_dagster.core.storage.shard_store import read_index
+
+    manifest = json.loads((dataset_root / "drafter" / "manifest.json").read_text())
+    rows: dict[str, list] = {name: [] for name in DRAFTER_INDEX_SCHEMA.names}
+    for shard in SHARDS:
+        folder = dataset_root / "hidden_states" / shard
+        table = read_tokenized_shard(dataset_root / "tokenized", shard, ["sample_id", "num_loss_tokens"])
+        loss = dict(zip(table.column("sample_id").to_pylist(), table.column("num_loss_tokens").to_pylist()))
+        for record in read_index(folder):
+            with safe_open(str(folder / record.chunk), framework="pt") as chunk:
+                offsets = chunk.get_tensor("offsets").tolist()
+            for position, sample_id in enumerate(record.sample_ids):
+                values = (shard, f"hidden_states/{shard}/{record.chunk}", position)
+                values += (offsets[position + 1] - offsets[position], loss[sample_id], split_of(sample_id, 0.25))
+                rows["sample_id"].append(sample_id)
+                for name, value in zip(DRAFTER_INDEX_SCHEMA.names[1:], values):
+                    rows[name].append(value)
+    expected = pa.table(rows, schema=DRAFTER_INDEX_SCHEMA).sort_by("sample_id")
+    assert manifest["splits"]["val_fraction"] == 0.25 and expected.num_rows == manifest["totals"]["samples"]
+    assert manifest["splits"]["val"] == sum(split == "val" for split in rows["split"])
+    assert pq.read_table(dataset_root / "drafter" / "index.parquet").equals(expected)
+
+
 def test_dataloader_with_workers_and_collate(dataset_root):
     ds = DrafterDataset(dataset_root / "drafter")
     loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate_drafter_batch)
@@ -195,6 +223,37 @@ def test_duplicated_sample_fails_coverage(broken_copy):
     pq.write_table(pa.concat_tables([index, index.slice(5, 1)]), broken_copy / "drafter" / "index.parquet")
     outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
     assert not outcome.passed and "appear more than once" in outcome.description
+
+
+def test_coverage_reads_no_chunk_the_shard_checks_verified_and_still_places_every_sample(broken_copy):
+    """#33: after the shard checks verified every chunk (and found its ids and masks equal to the tokenized shard),
+    the dataset's coverage reads none of them: each chunk's index record says what it holds. Rows of the index
+    swapped between two places of a chunk are still caught."""
+    import os
+    import time
+
+    from hsx_dagster.core.storage.shard_checks import check_shard
+
+    stamp = time.time_ns() - 60 * 10**9  # chunks written a while before their checks
+    for shard in SHARDS:
+        folder = broken_copy / "hidden_states" / shard
+        for chunk in folder.glob("chunk-*"):
+            os.utime(chunk, ns=(stamp, stamp))
+        assert all(o.passed for o in check_shard(folder, broken_copy / "tokenized", shard).values())
+    outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert outcome.passed and outcome.metadata["chunks_compared"] == 0, outcome.description
+
+    index_file = broken_copy / "drafter" / "index.parquet"
+    index = pq.read_table(index_file)
+    chunks, positions = index.column("chunk").to_pylist(), index.column("position").to_pylist()
+    first, second = [row for row, chunk in enumerate(chunks) if chunk == chunks[0]][:2]
+    positions[first], positions[second] = positions[second], positions[first]
+    pq.write_table(index.set_column(3, "position", pa.array(positions, pa.int32())), index_file)
+    outcome = check_coverage(broken_copy / "drafter", broken_copy / "tokenized")
+    assert not outcome.passed and "2 samples differ from the tokenized dataset or sit at the wrong place" in (
+        outcome.description
+    )
+    assert outcome.metadata["chunks_compared"] == 0
 
 
 def test_flipped_byte_fails_integrity_naming_the_chunk(broken_copy):

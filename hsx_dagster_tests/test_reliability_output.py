@@ -162,6 +162,48 @@ def test_masks_changed_under_the_same_ids_are_refused(few_inputs, demo_model_dir
         run_shard(job(tmp_path, "shard-00", demo_model_dir))
 
 
+def test_the_shard_table_reads_summaries_not_tokenized_ids(few_inputs, demo_model_dir, tmp_path, monkeypatch):
+    """Each shard's state comes from summary.json's digest of its tokenized file (taken when it was written, with
+    the file's size, mtime and inode) and each complete shard's complete.json: the table reads no tokenized id,
+    however many samples the shards hold. A summary without digests (tokenized before) is still read right."""
+    import pyarrow.parquet as pq
+
+    from hsx_dagster.core.dataset.shard_overview import shard_rows
+    from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
+    from hsx_dagster.core.storage.format import TOKENIZED_SUMMARY_FILE
+
+    summary = tokenize_into(tmp_path, few_inputs, demo_model_dir, shards=2)
+    for load in summary.shards:  # the digest a shard run records, of the file as written
+        assert load.sha256 == tokenized_digest(read_tokenized_shard(tmp_path / "tokenized", load.shard))
+    run_shard(job(tmp_path, "shard-00", demo_model_dir))
+    sizes = [load.samples for load in summary.shards]
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError("the shard table read a tokenized shard file")
+
+    def table() -> list[tuple]:
+        rows = shard_rows(tmp_path / "hidden_states", ["shard-00", "shard-01"], tmp_path / "tokenized")
+        return [(row.shard, row.state, row.samples, row.samples_total, row.tokens > 0) for row in rows]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(pq, "read_table", no_reads)
+        patched.setattr(pq, "ParquetFile", no_reads)
+        assert table() == [
+            ("shard-00", "complete", sizes[0], sizes[0], True),
+            ("shard-01", "not started", 0, sizes[1], False),
+        ]
+
+    summary_file = tmp_path / "tokenized" / TOKENIZED_SUMMARY_FILE
+    data = json.loads(summary_file.read_text())
+    for entry in data["shards"]:
+        del entry["sha256"], entry["file"]
+    summary_file.write_text(json.dumps(data))  # as tokenized before summaries recorded digests: read instead
+    assert table() == [
+        ("shard-00", "complete", sizes[0], sizes[0], True),
+        ("shard-01", "not started", 0, sizes[1], False),
+    ]
+
+
 def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, tmp_path):
     root = tmp_path
     tokenize_into(root, few_inputs, demo_model_dir, shards=2)

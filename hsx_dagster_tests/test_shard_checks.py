@@ -3,11 +3,15 @@ on each `hidden_states` partition through the `hidden_states_shard` job on a rea
 retry sensor treating a shard that fails its check as failed."""
 
 import json
+import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from dagster import AssetKey, DagsterInstance, build_sensor_context, instance_for_test, materialize
@@ -21,6 +25,7 @@ from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage.shard_checks import (
+    check_shard,
     check_shard_coverage,
     check_shard_integrity,
     check_shard_numerics,
@@ -193,6 +198,86 @@ def test_stored_ids_that_differ_from_the_tokenized_ones_fail_coverage(extracted,
     outcome = check_shard_coverage(shard_copy, extracted.out / "tokenized", "shard-00")
     assert not outcome.passed
     assert f"{record.samples} samples' stored ids or loss mask differ" in outcome.description
+
+
+def _age_chunks(folder: Path, seconds: float = 60.0) -> dict[str, int]:
+    """Chunk files dated ``seconds`` back (as chunks extracted a while before the checks are); their mtimes."""
+    stamp = time.time_ns() - int(seconds * 1e9)
+    for path in folder.glob("chunk-*"):
+        os.utime(path, ns=(stamp, stamp))
+    return {path.name: path.stat().st_mtime_ns for path in folder.glob("chunk-*")}
+
+
+def test_verified_unchanged_chunks_are_not_read_again_and_damage_since_is_caught(extracted, shard_copy):
+    """#33: the checks hash only chunks new or changed since they last verified them (size, mtime, inode in
+    verified.json) and say how much they skipped; a byte flipped in a chunk since, and a chunk gone since, are
+    still caught; coverage compares no ids while neither a chunk nor the tokenized shard changed."""
+    tokenized = extracted.out / "tokenized"
+    records = read_index(shard_copy)
+    _age_chunks(shard_copy)
+    first = check_shard(shard_copy, tokenized, "shard-00")  # a copy: other inodes, so everything is read
+    assert all(o.passed for o in first.values())
+    total = sum(r.bytes for r in records)
+    assert (first["shard_integrity"].metadata["chunks_hashed"], first["shard_integrity"].metadata["scan_bytes"]) == (
+        len(records),
+        total,
+    )
+
+    again = check_shard(shard_copy, tokenized, "shard-00")
+    assert all(o.passed for o in again.values()), {k: o.description for k, o in again.items()}
+    for outcome in again.values():  # every check says what the one scan read and skipped
+        figures = {k: outcome.metadata[k] for k in ("chunks_hashed", "chunks_skipped", "scan_bytes", "bytes_skipped")}
+        assert figures == {"chunks_hashed": 0, "chunks_skipped": len(records), "scan_bytes": 0, "bytes_skipped": total}
+    assert again["shard_coverage"].metadata["chunks_compared"] == 0
+    assert "verified before and unchanged since" in again["shard_integrity"].description
+
+    flipped, gone = records[1], records[-1]
+    _flip_a_byte(shard_copy / flipped.chunk)
+    (shard_copy / gone.chunk).unlink()
+    after = check_shard(shard_copy, tokenized, "shard-00")
+    integrity = after["shard_integrity"]
+    assert not integrity.passed
+    assert f"{shard_copy / flipped.chunk}: checksum differs" in integrity.description
+    assert f"{shard_copy / gone.chunk}: missing" in integrity.description
+    assert integrity.metadata["chunks_skipped"] == len(records) - 2
+    assert integrity.metadata["chunks_hashed"] == 2
+    assert not after["shard_numerics"].passed  # the flipped chunk's states are read and named
+
+
+def test_a_chunk_changed_within_the_second_it_was_verified_is_read_again(extracted, shard_copy):
+    """File times are coarser than nanoseconds: a chunk modified right after its verification can keep the mtime
+    recorded. A chunk verified within RACY_NS of its last modification is therefore not trusted next time."""
+    tokenized = extracted.out / "tokenized"
+    record = read_index(shard_copy)[0]
+    path = shard_copy / record.chunk
+    fresh = time.time_ns()
+    os.utime(path, ns=(fresh, fresh))  # modified just now, then verified
+    assert check_shard(shard_copy, tokenized, "shard-00")["shard_integrity"].passed
+    _flip_a_byte(path)
+    os.utime(path, ns=(fresh, fresh))  # the same mtime, as a write within the same clock tick leaves it
+    integrity = check_shard(shard_copy, tokenized, "shard-00")["shard_integrity"]
+    assert not integrity.passed and f"{path}: checksum differs" in integrity.description
+
+
+def test_unchanged_chunks_are_compared_again_with_a_changed_tokenized_shard(extracted, shard_copy, tmp_path):
+    tokenized = tmp_path / "tokenized"
+    shutil.copytree(extracted.out / "tokenized", tokenized)
+    records = read_index(shard_copy)
+    _age_chunks(shard_copy)
+    assert all(o.passed for o in check_shard(shard_copy, tokenized, "shard-00").values())
+    file = tokenized / "samples" / "shard-00.parquet"
+    table = pq.read_table(file)
+    masks = table.column("loss_mask").to_pylist()
+    sample = records[0].sample_ids[0]
+    row = table.column("sample_id").to_pylist().index(sample)
+    masks[row] = [1 - m for m in masks[row]]
+    position = table.schema.get_field_index("loss_mask")
+    pq.write_table(table.set_column(position, "loss_mask", pa.array(masks, pa.list_(pa.uint8()))), file)
+    outcomes = check_shard(shard_copy, tokenized, "shard-00")
+    assert outcomes["shard_integrity"].passed and outcomes["shard_integrity"].metadata["chunks_skipped"] == len(records)
+    coverage = outcomes["shard_coverage"]
+    assert not coverage.passed and coverage.metadata["chunks_compared"] == len(records)
+    assert f"(e.g. [{sample}])" in coverage.description
 
 
 def _flip_a_byte(path: Path) -> None:

@@ -69,10 +69,17 @@ def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOut
     scan_s = float(outcome.metadata.get("scan_s", 0.0))
     read = int(outcome.metadata.get("scan_bytes", 0))
     speed = f" at {format_bytes(read / scan_s)}/s" if scan_s > 0 else ""
+    skipped = int(outcome.metadata.get("chunks_skipped", 0))
+    not_read = (
+        f"; {skipped} chunks ({format_bytes(int(outcome.metadata.get('bytes_skipped', 0)))}) verified before and "
+        "unchanged since, not read again"
+        if skipped
+        else ""
+    )
     words = (
         f"{format_duration(scan_s)} to read {format_bytes(read)}{speed}; the extraction took "
         f"{format_duration(extraction_s)} "
-        f"({format_share(scan_s / extraction_s)} of it)"
+        f"({format_share(scan_s / extraction_s)} of it){not_read}"
     )
     metadata = {
         **outcome.metadata,

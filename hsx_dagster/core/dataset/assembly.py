@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from safetensors import safe_open
@@ -31,13 +32,13 @@ from hsx_dagster.core.dataset.manifest import Manifest, ManifestLayers, ShardSta
 from hsx_dagster.core.inputs.tokenized import (
     TokenizedSummary,
     read_tokenized_shard,
-    tokenized_digest,
+    shard_digests,
     tokenized_shard_keys,
 )
 from hsx_dagster.core.layers import LAYER_CONVENTION
 from hsx_dagster.core.model_info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import write_atomic
-from hsx_dagster.core.storage.files import file_sha256
+from hsx_dagster.core.storage.files import atomic_output, file_sha256
 from hsx_dagster.core.storage.format import (
     COMPLETE_FILE,
     DRAFTER_INDEX_FILE,
@@ -76,8 +77,11 @@ def split_of(sample_id: int, val_fraction: float) -> str:
 
 
 def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path) -> dict[str, str]:
-    """'complete', 'missing', 'incomplete' or 'stale' (made from another tokenized dataset) per shard."""
+    """'complete', 'missing', 'incomplete' or 'stale' (made from another tokenized dataset) per shard. The tokenized
+    side is the digest summary.json records for each shard file still as it was written (shard_digests), so no
+    tokenized id is read for it."""
     status = {}
+    complete = []
     for shard in shard_keys:
         folder = hidden_states_dir / shard
         if not (folder / SHARD_FILE).is_file():
@@ -85,10 +89,12 @@ def shard_status(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_d
         elif not (folder / COMPLETE_FILE).is_file():
             status[shard] = "incomplete"
         else:
-            provenance = ShardProvenance.read(folder)
-            table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
-            status[shard] = "complete" if provenance.tokenized_sha256 == tokenized_digest(table) else "stale"
-    return status
+            complete.append(shard)
+    digests = shard_digests(tokenized_dir, complete)
+    for shard in complete:
+        made_from = ShardProvenance.read(hidden_states_dir / shard).tokenized_sha256
+        status[shard] = "complete" if made_from == digests[shard] else "stale"
+    return {shard: status[shard] for shard in shard_keys}
 
 
 def assemble(
@@ -110,9 +116,8 @@ def assemble(
         tokenized_dir, Path(hidden_states_dir), shard_keys, val_fraction
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / DRAFTER_INDEX_FILE, _parquet_bytes(index))
+    index.write(out_dir / DRAFTER_INDEX_FILE)
     write_atomic(out_dir / DRAFTER_QUARANTINE_FILE, _parquet_bytes(quarantined))
-    splits = index.column("split").to_pylist()
     manifest = Manifest(
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         hsx_version=__version__,
@@ -137,8 +142,8 @@ def assemble(
         quarantined_samples=quarantined.num_rows,
         quarantine_file=DRAFTER_QUARANTINE_FILE,
         val_fraction=val_fraction,
-        train_samples=splits.count("train"),
-        val_samples=splits.count("val"),
+        train_samples=index.num_rows - index.val_samples,
+        val_samples=index.val_samples,
         shards=tuple(shard_stats),
         settings=settings,
         index=DRAFTER_INDEX_FILE,
@@ -192,38 +197,58 @@ def _check_shards(tokenized_dir: Path, hidden_states_dir: Path, shard_keys: list
     return first
 
 
+class _IndexColumns:
+    """The index's columns as numpy arrays, chunk by chunk (chunk and shard names once each, as codes): about 30
+    bytes per sample while assembling, where Python objects per sample cost kilobytes."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {n: [] for n in ("sample_id", "chunk", "position", "tokens", "loss")}
+        self.chunk_names: list[str] = []
+
+    def add(self, chunk: str, sample_ids: np.ndarray, positions: np.ndarray, tokens: np.ndarray, loss: np.ndarray):
+        self.parts["sample_id"].append(sample_ids)
+        self.parts["chunk"].append(np.full(len(sample_ids), len(self.chunk_names), dtype=np.int32))
+        self.parts["position"].append(positions.astype(np.int32))
+        self.parts["tokens"].append(tokens.astype(np.int32))
+        self.parts["loss"].append(loss.astype(np.int32))
+        self.chunk_names.append(chunk)
+
+    def sorted_columns(self) -> dict[str, np.ndarray]:
+        """Every column, in sample-id order."""
+        columns = {
+            name: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64 if name == "sample_id" else np.int32)
+            for name, parts in self.parts.items()
+        }
+        order = np.argsort(columns["sample_id"], kind="stable")
+        return {name: values[order] for name, values in columns.items()}
+
+
 def _index_shards(
     tokenized_dir: Path, hidden_states_dir: Path, shard_keys: Sequence[str], val_fraction: float
-) -> tuple[pa.Table, pa.Table, list[ShardStats], int | None]:
+) -> tuple[IndexTable, pa.Table, list[ShardStats], int | None]:
     """The index (one row per committed sample, by sample id), the quarantined samples, each shard's totals,
     and the width of the stored states (None when no chunk was committed)."""
-    columns: dict[str, list] = {name: [] for name in DRAFTER_INDEX_SCHEMA.names}
+    columns = _IndexColumns()
     quarantined: dict[str, list] = {name: [] for name in DRAFTER_QUARANTINE_SCHEMA.names}
     shard_stats, hidden_size = [], None
     for shard in shard_keys:
         folder = hidden_states_dir / shard
         tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "num_loss_tokens"])
-        loss_tokens = dict(
-            zip(tokenized.column("sample_id").to_pylist(), tokenized.column("num_loss_tokens").to_pylist())
+        current = _SortedLookup(
+            tokenized.column("sample_id").to_numpy(), tokenized.column("num_loss_tokens").to_numpy()
         )
         records = read_index(folder)
         samples = tokens = 0
         for record in records:
-            with safe_open(str(folder / record.chunk), framework="pt") as chunk:
-                offsets = chunk.get_tensor("offsets").tolist()
+            with safe_open(str(folder / record.chunk), framework="np") as chunk:
+                lengths = np.diff(chunk.get_tensor("offsets").astype(np.int64))
                 hidden_size = hidden_size or chunk.get_slice("hidden_states").get_shape()[-1]
-            for position, sample_id in enumerate(record.sample_ids):
-                if sample_id not in loss_tokens:
-                    continue  # departed: its input is gone; never indexed or served again
-                samples, tokens = samples + 1, tokens + offsets[position + 1] - offsets[position]
-                columns["sample_id"].append(sample_id)
-                columns["shard"].append(shard)
-                columns["chunk"].append(f"hidden_states/{shard}/{record.chunk}")
-                columns["position"].append(position)
-                columns["num_tokens"].append(offsets[position + 1] - offsets[position])
-                columns["num_loss_tokens"].append(loss_tokens[sample_id])
-                columns["split"].append(split_of(sample_id, val_fraction))
-        set_aside = [entry for entry in read_quarantine(folder) if entry.sample_id in loss_tokens]
+            chunk_ids = np.asarray(record.sample_ids, dtype=np.int64)
+            found, loss = current.find(chunk_ids)
+            kept = np.flatnonzero(found)  # the others departed: their input is gone; never indexed or served again
+            columns.add(f"hidden_states/{shard}/{record.chunk}", chunk_ids[kept], kept, lengths[kept], loss[kept])
+            samples, tokens = samples + len(kept), tokens + int(lengths[kept].sum())
+        set_aside = [entry for entry in read_quarantine(folder) if current.has(entry.sample_id)]
         for entry in set_aside:
             quarantined["sample_id"].append(entry.sample_id)
             quarantined["shard"].append(shard)
@@ -231,8 +256,72 @@ def _index_shards(
             quarantined["detail"].append(entry.detail)
         totals = ShardTotals.of(records)
         shard_stats.append(ShardStats(shard, samples, tokens, totals.bytes, len(totals.chunks), len(set_aside)))
-    index = pa.table(columns, schema=DRAFTER_INDEX_SCHEMA).sort_by("sample_id")
+    index = IndexTable(columns.sorted_columns(), columns.chunk_names, val_fraction)
     return index, pa.table(quarantined, schema=DRAFTER_QUARANTINE_SCHEMA), shard_stats, hidden_size
+
+
+class _SortedLookup:
+    """A shard's tokenized sample ids and their loss-token counts, looked up many at a time (sorted arrays)."""
+
+    def __init__(self, sample_ids: np.ndarray, loss_tokens: np.ndarray) -> None:
+        order = np.argsort(sample_ids, kind="stable")
+        self.ids, self.loss = np.asarray(sample_ids, dtype=np.int64)[order], np.asarray(loss_tokens)[order]
+
+    def find(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found, loss tokens of each; 0 where not found)."""
+        if len(self.ids) == 0:
+            return np.zeros(len(sample_ids), dtype=bool), np.zeros(len(sample_ids), dtype=np.int64)
+        places = np.minimum(np.searchsorted(self.ids, sample_ids), len(self.ids) - 1)
+        found = self.ids[places] == sample_ids
+        return found, np.where(found, self.loss[places], 0)
+
+    def has(self, sample_id: int) -> bool:
+        return bool(self.find(np.asarray([sample_id], dtype=np.int64))[0][0])
+
+
+class IndexTable:
+    """The sorted index columns, written to Parquet in row groups (strings made per row group, not all at once)."""
+
+    ROW_GROUP = 65536
+
+    def __init__(self, columns: dict[str, np.ndarray], chunk_names: list[str], val_fraction: float) -> None:
+        self.columns = columns
+        self.chunk_names = pa.array(chunk_names, pa.string())
+        self.shard_names = pa.array([name.split("/")[1] for name in chunk_names], pa.string())
+        self.val = np.fromiter(
+            (split_of(sample_id, val_fraction) == "val" for sample_id in columns["sample_id"].tolist()),
+            dtype=bool,
+            count=len(columns["sample_id"]),
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.columns["sample_id"])
+
+    @property
+    def val_samples(self) -> int:
+        return int(self.val.sum())
+
+    def slice(self, start: int, stop: int) -> pa.Table:
+        codes = pa.array(self.columns["chunk"][start:stop])
+        split = np.where(self.val[start:stop], "val", "train")
+        return pa.table(
+            [
+                pa.array(self.columns["sample_id"][start:stop]),
+                pa.DictionaryArray.from_arrays(codes, self.shard_names).cast(pa.string()),
+                pa.DictionaryArray.from_arrays(codes, self.chunk_names).cast(pa.string()),
+                pa.array(self.columns["position"][start:stop]),
+                pa.array(self.columns["tokens"][start:stop]),
+                pa.array(self.columns["loss"][start:stop]),
+                pa.array(split, pa.string()),
+            ],
+            schema=DRAFTER_INDEX_SCHEMA,
+        )
+
+    def write(self, path: Path) -> None:
+        with atomic_output(path) as sink, pq.ParquetWriter(sink, DRAFTER_INDEX_SCHEMA) as writer:
+            for start in range(0, max(self.num_rows, 1), self.ROW_GROUP):
+                writer.write_table(self.slice(start, min(start + self.ROW_GROUP, self.num_rows)))
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:

@@ -15,10 +15,11 @@ The Dagster asset checks are thin wrappers over these.
 from __future__ import annotations
 
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -29,7 +30,7 @@ from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.dataset.manifest import Manifest
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.extraction.devices import claimed_device
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
+from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, shard_digests
 from hsx_dagster.core.storage.chunk_checks import (
     MAX_LISTED,
     LayerStatistics,
@@ -37,7 +38,7 @@ from hsx_dagster.core.storage.chunk_checks import (
     chunk_problems,
     scanned_chunk_problems,
 )
-from hsx_dagster.core.storage.chunk_scan import ScannedChunk
+from hsx_dagster.core.storage.chunk_scan import read_verified_chunk
 from hsx_dagster.core.storage.format import COMPUTE_DTYPES, DRAFTER_INDEX_FILE, DRAFTER_QUARANTINE_FILE
 from hsx_dagster.core.storage.provenance import ChunkLayout, chunk_header
 from hsx_dagster.core.storage.shard_records import read_verified, verified_unchanged
@@ -51,40 +52,42 @@ REDUCED_COMPUTE_TOLERANCE = 4e-2
 
 
 def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
+    """Every tokenized sample in the index exactly once (or quarantined), at a place of its chunk that holds it,
+    with the tokenized ids and mask. A chunk its shard's checks verified unchanged and found equal to the same
+    tokenized shard (verified.json) is not read: its index record says what it holds. Index columns as numpy
+    arrays, not Python objects per sample."""
     manifest = Manifest.read(drafter_dir)
     root = manifest.chunks_dir(drafter_dir)
-    index = pq.read_table(drafter_dir / DRAFTER_INDEX_FILE)
+    index = pq.read_table(drafter_dir / DRAFTER_INDEX_FILE, columns=["sample_id", "chunk", "position"])
+    sample_ids = index.column("sample_id").to_numpy()
+    unique, counts = np.unique(sample_ids, return_counts=True)
+    duplicated = unique[counts > 1].tolist()
     problems: list[str] = []
-    counts = Counter(index.column("sample_id").to_pylist())
-    duplicated = sorted(sample_id for sample_id, n in counts.items() if n > 1)
     if duplicated:
         problems.append(f"{len(duplicated)} samples appear more than once (e.g. {duplicated[:MAX_LISTED]})")
-
     # Samples set aside during extraction (with a reason) are accounted for, not missing.
     quarantine_file = drafter_dir / DRAFTER_QUARANTINE_FILE
     quarantined = (
-        set(pq.read_table(quarantine_file).column("sample_id").to_pylist()) if quarantine_file.is_file() else set()
+        pq.read_table(quarantine_file).column("sample_id").to_numpy()
+        if quarantine_file.is_file()
+        else np.zeros(0, dtype=np.int64)
     )
-    stored_and_quarantined = sorted(quarantined & set(counts))
+    stored_and_quarantined = np.intersect1d(quarantined, unique).tolist()
     if stored_and_quarantined:
         problems.append(
             f"{len(stored_and_quarantined)} quarantined samples are also stored (e.g. "
             f"{stored_and_quarantined[:MAX_LISTED]})"
         )
-    expected_total = 0
-    mismatched: list[int] = []
-    missing: list[int] = []
-    rows_by_chunk: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for row in index.select(["sample_id", "chunk", "position"]).to_pylist():
-        rows_by_chunk[row["chunk"]].append((row["sample_id"], row["position"]))
+    by_chunk = _rows_by_chunk(index)
+    expected_total, missing, mismatched, compared = 0, [], [], 0
+    digests = shard_digests(tokenized_dir, manifest.shard_keys)
     for shard in manifest.shard_keys:
-        tokenized = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
-        expected_total += tokenized.num_rows
-        rows = TokenizedRows(tokenized)
-        missing += [sample_id for sample_id in rows.row_of if sample_id not in counts and sample_id not in quarantined]
-        for chunk_name in sorted(c for c in rows_by_chunk if f"/{shard}/" in c):
-            positions = dict(rows_by_chunk[chunk_name])
-            mismatched += rows.mismatching(_small_tensors(root / chunk_name), positions)
+        ids = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id"]).column("sample_id").to_numpy()
+        expected_total += len(ids)
+        missing += ids[~np.isin(ids, unique) & ~np.isin(ids, quarantined)].tolist()
+        found, count = _shard_mismatches(root, shard, by_chunk, tokenized_dir, digests[shard])
+        mismatched += found
+        compared += count
     if missing:
         problems.append(f"{len(missing)} tokenized samples are missing (e.g. {sorted(missing)[:MAX_LISTED]})")
     if mismatched:
@@ -94,7 +97,7 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
         )
     if index.num_rows - len(duplicated) > expected_total - len(quarantined) and not problems:
         problems.append(f"{index.num_rows} samples in the index for {expected_total} tokenized samples")
-    set_aside = f" ({len(quarantined)} more quarantined with a reason)" if quarantined else ""
+    set_aside = f" ({len(quarantined)} more quarantined with a reason)" if len(quarantined) else ""
     return CheckOutcome(
         not problems,
         "; ".join(problems)
@@ -107,13 +110,62 @@ def check_coverage(drafter_dir: Path, tokenized_dir: Path) -> CheckOutcome:
             "duplicated": len(duplicated),
             "missing": len(missing),
             "mismatched": len(mismatched),
+            "chunks_compared": compared,  # the others: verified unchanged by the shard checks, against this shard
         },
     )
 
 
+def _rows_by_chunk(index: pa.Table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Chunk name -> (sample ids, positions) of its index rows, grouped with numpy."""
+    column = pc.dictionary_encode(index.column("chunk")).combine_chunks()
+    codes = column.indices.to_numpy(zero_copy_only=False)
+    names = column.dictionary.to_pylist()
+    sample_ids, positions = index.column("sample_id").to_numpy(), index.column("position").to_numpy()
+    order = np.argsort(codes, kind="stable")
+    starts = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    return {
+        name: (sample_ids[order[starts[k] : starts[k + 1]]], positions[order[starts[k] : starts[k + 1]]])
+        for k, name in enumerate(names)
+    }
+
+
+def _shard_mismatches(
+    root: Path, shard: str, by_chunk: dict[str, tuple[np.ndarray, np.ndarray]], tokenized_dir: Path, digest: str
+) -> tuple[list[int], int]:
+    """The index's samples of ``shard`` not held where it says, or whose ids or mask differ from the tokenized ones;
+    and how many chunks were read to compare."""
+    folder = root / "hidden_states" / shard
+    try:
+        records = {record.chunk: record for record in read_index(folder)}
+    except StoreError:
+        records = {}  # the integrity check names the index; every chunk here is read
+    verified = read_verified(folder)
+    tokenized: TokenizedRows | None = None
+    mismatched: list[int] = []
+    compared = 0
+    for chunk_name in sorted(c for c in by_chunk if f"/{shard}/" in c):
+        ids, positions = by_chunk[chunk_name]
+        record = records.get(Path(chunk_name).name)
+        entry = verified.get(Path(chunk_name).name) or {}
+        if record is not None and entry.get("tokenized") == digest and verified_unchanged(folder, record, verified):
+            held = np.asarray(record.sample_ids, dtype=np.int64)  # what the shard checks found the chunk to hold
+            inside = positions < len(held)
+            placed = inside & (held[np.minimum(positions, max(len(held) - 1, 0))] == ids)
+            mismatched += ids[~placed].tolist()
+            continue
+        if tokenized is None:
+            table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
+            tokenized = TokenizedRows(table)
+        compared += 1
+        mismatched += tokenized.mismatching(
+            _small_tensors(root / chunk_name), dict(zip(ids.tolist(), positions.tolist()))
+        )
+    return mismatched, compared
+
+
 def check_integrity(drafter_dir: Path) -> CheckOutcome:
-    """Every chunk as written: a chunk its shard's checks read whole and that has not changed since (size, mtime;
-    verified.json) is not read again, only its header; every other chunk is read and hashed."""
+    """Every chunk as written: a chunk its shard's checks read whole and that has not changed since (size, mtime,
+    inode; verified.json) is not read again, only its header; every other chunk is read and hashed."""
     manifest = Manifest.read(drafter_dir)
     root = manifest.chunks_dir(drafter_dir)
     layout = ChunkLayout(manifest.layers.stored, manifest.hidden_size, manifest.storage_dtype)
@@ -133,7 +185,7 @@ def check_integrity(drafter_dir: Path) -> CheckOutcome:
             checked += 1
             if verified_unchanged(folder, record, verified):
                 reused += 1
-                problems += scanned_chunk_problems(_header_only(path, record.sha256), record, layout, header)
+                problems += scanned_chunk_problems(read_verified_chunk(path, record.sha256), record, layout, header)
                 continue
             total_bytes += path.stat().st_size if path.is_file() else 0
             problems += chunk_problems(path, record, layout, header)
@@ -173,18 +225,6 @@ def _small_tensors(path: Path) -> dict:
             return {name: chunk.get_tensor(name) for name in ("input_ids", "loss_mask", "offsets", "sample_ids")}
     except Exception:  # missing or damaged: every sample of it mismatches; the integrity check says why
         return {}
-
-
-def _header_only(path: Path, sha256: str) -> ScannedChunk:
-    """What a scan finds in a verified chunk, reading its header and small tensors only."""
-    scanned = ScannedChunk(path, sha256=sha256, size=path.stat().st_size)
-    with safe_open(str(path), framework="np") as chunk:
-        scanned.metadata = chunk.metadata() or {}
-        for name in chunk.keys():  # noqa: SIM118 (not a mapping)
-            view = chunk.get_slice(name)
-            scanned.tensors[name] = (view.get_dtype(), list(view.get_shape()))
-        scanned.small = {name: chunk.get_tensor(name) for name in ("offsets", "sample_ids") if name in scanned.tensors}
-    return scanned
 
 
 def check_parity(

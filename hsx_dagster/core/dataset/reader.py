@@ -98,6 +98,14 @@ class DrafterDataset(torch.utils.data.Dataset):
         return self._sample_ids.tolist()
 
     @property
+    def sample_ids_array(self) -> np.ndarray:
+        """The sample ids as a read-only numpy array, ascending (no copy): for index lookups over 10^6 samples
+        without a Python object per sample."""
+        view = self._sample_ids.view()
+        view.flags.writeable = False
+        return view
+
+    @property
     def model(self) -> dict[str, Any]:
         """The target's text model as the manifest records it: ``num_hidden_layers``, ``hidden_size``,
         ``architecture`` (the release's, e.g. Qwen3_5ForConditionalGeneration), ``model_type``,
@@ -180,6 +188,11 @@ class DrafterDataset(torch.utils.data.Dataset):
                 ) from None
             self._open[name] = (handle, offsets, sample_ids)
         return self._open[name]
+
+    def close(self) -> None:
+        """Let go of the chunks opened so far (each is memory-mapped: the pages a long pass read stay counted in the
+        process's resident memory until it lets go); the next read opens what it needs again."""
+        self._open = {}
 
     def __getstate__(self) -> dict:
         # Spawned DataLoader workers receive the dataset by pickling the Dataset object itself (the

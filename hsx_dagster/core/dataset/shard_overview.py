@@ -46,7 +46,9 @@ class ShardRow:
 
 
 def shard_rows(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir: Path) -> list[ShardRow]:
-    """One row per shard key, from the tokenized summary and each shard's folder."""
+    """One row per shard key, from summaries only: tokenized/summary.json (samples per shard, and each shard file's
+    digest: stale or not, shard_status) and each complete shard's complete.json (its totals and last run); only a
+    shard not complete yet has its index read. No tokenized id is read (while the files are as summarised)."""
     expected = {}
     if (Path(tokenized_dir) / TOKENIZED_SUMMARY_FILE).is_file():
         expected = {load.shard: load.samples for load in TokenizedSummary.read(tokenized_dir).shards}
@@ -56,7 +58,10 @@ def shard_rows(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir
         folder = Path(hidden_states_dir) / shard
         state = states.get(shard, "missing")
         row = ShardRow(shard, STATE_WORDS[state], 0, expected.get(shard, 0), 0, 0)
-        if state != "missing":
+        complete = _read_complete(folder)
+        if complete is not None:
+            row = _with_complete(row, complete, folder)
+        elif state != "missing":
             totals = shard_totals(folder)
             row = replace(
                 row,
@@ -65,22 +70,37 @@ def shard_rows(hidden_states_dir: Path, shard_keys: Sequence[str], tokenized_dir
                 bytes=totals.bytes,
                 quarantined=len(read_quarantine(folder)),
             )
-        if (folder / COMPLETE_FILE).is_file():
-            run = ExtractionReport.from_dict(
-                json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))["last_run"]
-            )
-            if run.samples:  # a run that found everything done says nothing about speed
-                row = replace(
-                    row,
-                    tokens_per_s=run.tokens_per_s,
-                    forward_share=run.forward_share,
-                    elapsed_s=run.elapsed_s,
-                    device=run.device,
-                )
-            else:
-                row = replace(row, device=run.device)
         rows.append(row)
     return rows
+
+
+def _read_complete(folder: Path) -> dict | None:
+    """complete.json, None when the shard has none (or its folder is not a folder: the table never fails on it)."""
+    try:
+        return json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _with_complete(row: ShardRow, complete: dict, folder: Path) -> ShardRow:
+    """A complete shard's totals and last run, as complete.json records them (removed before its index changes);
+    from the index where an older complete.json lacks a total."""
+    if all(key in complete for key in ("samples", "tokens", "bytes")):
+        samples, tokens, size = complete["samples"], complete["tokens"], complete["bytes"]
+    else:
+        totals = shard_totals(folder)
+        samples, tokens, size = totals.samples, totals.tokens, totals.bytes
+    # the current samples set aside; an older complete.json without the count: the quarantine log's lines
+    quarantined = complete["quarantined"] if "quarantined" in complete else len(read_quarantine(folder))
+    row = replace(row, samples=samples, tokens=tokens, bytes=size, quarantined=quarantined)
+    if "last_run" not in complete:
+        return row
+    run = ExtractionReport.from_dict(complete["last_run"])
+    if not run.samples:  # a run that found everything done says nothing about speed
+        return replace(row, device=run.device)
+    return replace(
+        row, tokens_per_s=run.tokens_per_s, forward_share=run.forward_share, elapsed_s=run.elapsed_s, device=run.device
+    )
 
 
 def total_line(rows: Sequence[ShardRow]) -> str:

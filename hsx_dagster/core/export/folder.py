@@ -65,3 +65,16 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(handle)
     finally:
         os.close(handle)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (os.scandir: one stat per file, no Path object per file)."""
+    total, todo = 0, [str(folder)]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total

@@ -14,16 +14,17 @@ and only when asked (`export.specforge` or selecting ``specforge_dataset``).
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 from hsx_dagster.core.dataset.reader import DrafterDataset
-from hsx_dagster.core.export.folder import ExportFolder
+from hsx_dagster.core.export.file_pool import ROWS_PER_BATCH, dataset_indices, write_rows
+from hsx_dagster.core.export.folder import ExportFolder, folder_bytes
 from hsx_dagster.core.export.mapping import LayerMapping, specforge_mapping
 from hsx_dagster.core.export.speculators import row_order
 from hsx_dagster.core.storage.atomic import write_atomic
@@ -72,14 +73,34 @@ def train_command(path: Path, model_path: str, layout: str) -> str:
     return f"specforge train --algorithm {layout} --target-model-path {model_path} --hidden-states-path {path}"
 
 
+@dataclass(frozen=True)
+class SpecForgeRows:
+    """One ``.ckpt`` per row (file_pool.RowWriter): the sample's tensors as ``layout`` reads them, pickled by
+    ``torch.save`` straight into the file."""
+
+    drafter_dir: Path
+    work: Path
+    mapping: LayerMapping
+    layout: str
+
+    def path(self, row: int) -> Path:
+        return self.work / sample_file(row)
+
+    def write(self, sample: dict, handle: BinaryIO) -> None:
+        torch.save(sample_tensors(sample, self.mapping, self.layout), handle)
+
+
 def export_specforge(
     drafter_dir: Path,
     dest: Path,
     *,
     layout: str = "eagle3",
     progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    pool: str = "auto",
 ) -> SpecForgeExport:
-    """Write ``dest`` (renamed into place when complete); a re-run resumes an interrupted export."""
+    """Write ``dest`` (renamed into place when complete); a re-run resumes an interrupted export, keeping the files
+    it wrote whole. ``workers`` (default: the cores this process may use) of kind ``pool`` write the files."""
     dataset = DrafterDataset(drafter_dir)
     mapping = specforge_mapping(
         dataset.layer_ids, dataset.num_hidden_layers, dataset.record.layers.include_final, layout
@@ -97,19 +118,21 @@ def export_specforge(
     folder = ExportFolder(dest, spec)
     if not folder.complete():
         work = folder.begin()
-        index_of = {sid: i for i, sid in enumerate(dataset.sample_ids)}
-        for row, sid in enumerate(order):
-            path = work / sample_file(row)
-            if path.exists():
-                continue  # written whole by an interrupted run
-            path.parent.mkdir(exist_ok=True)
-            buffer = io.BytesIO()
-            torch.save(sample_tensors(dataset[index_of[sid]], mapping, layout), buffer)
-            write_atomic(path, buffer.getvalue())
-            if progress and row % 1000 == 0:
-                progress(f"specforge {layout}: {row:,}/{len(order):,} rows")
-        export = {**spec, "rows": len(order), "train_rows": train_rows, "sample_ids": order, "command": command}
+        rows = SpecForgeRows(Path(drafter_dir), work, mapping, layout)
+        every = max(1000, len(order) // 20)
+
+        def report(done: int, total: int) -> None:
+            if progress and (done == total or done // every != (done - ROWS_PER_BATCH) // every):
+                progress(f"specforge {layout}: {done:,}/{total:,} rows")
+
+        write_rows(rows, dataset_indices(dataset, order), workers=workers, kind=pool, progress=report)
+        export = {
+            **spec,
+            "rows": len(order),
+            "train_rows": train_rows,
+            "sample_ids": order.tolist(),
+            "command": command,
+        }
         write_atomic(work / EXPORT_FILE, json.dumps(export, indent=2).encode())
         folder.finish()
-    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    return SpecForgeExport(dest, len(order), train_rows, size, mapping, layout, command)
+    return SpecForgeExport(dest, len(order), train_rows, folder_bytes(dest), mapping, layout, command)

@@ -13,27 +13,32 @@ the ``datasets`` rows, the backend and the ``file`` layout (the ``sample_id`` co
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from safetensors.torch import save as save_safetensors
 
 from hsx_dagster.core.dataset.reader import DrafterDataset
-from hsx_dagster.core.export.folder import ExportFolder
+from hsx_dagster.core.export.file_pool import dataset_indices, write_rows
+from hsx_dagster.core.export.folder import ExportFolder, folder_bytes
 from hsx_dagster.core.export.mapping import LayerMapping, speculators_mapping
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
+from hsx_dagster.core.export.row_groups import TokenCounts, masked_values, rows_in_order
 from hsx_dagster.core.storage.atomic import write_atomic
+from hsx_dagster.core.storage.files import atomic_output
 
 EXPORT_FILE = "hsx_export.json"  # the mapping, the drafter dataset served, the command line
 ARROW_FILE = "data-00000-of-00001.arrow"
 BACKEND = "hsx"
+ROWS_PER_RECORD_BATCH = 1000
 _LIST = {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"}
 FEATURES = {
     "input_ids": _LIST,
@@ -54,11 +59,11 @@ class SpeculatorsExport:
     command: str
 
 
-def row_order(drafter_dir: Path) -> tuple[list[int], int]:
+def row_order(drafter_dir: Path) -> tuple[np.ndarray, int]:
     """Sample ids in row order (train, then val, each by sample id) and the number of train rows."""
-    train = sorted(DrafterDataset(drafter_dir, split="train").sample_ids)
-    val = sorted(DrafterDataset(drafter_dir, split="val").sample_ids)
-    return train + val, len(train)
+    train = np.sort(DrafterDataset(drafter_dir, split="train").sample_ids_array)
+    val = np.sort(DrafterDataset(drafter_dir, split="val").sample_ids_array)
+    return np.concatenate([train, val]).astype(np.int64), len(train)
 
 
 def train_command(path: Path, model_path: str, mapping: LayerMapping, train_rows: int, rows: int, files: bool) -> str:
@@ -104,40 +109,34 @@ def export_speculators(
         export = {**spec, "rows": len(order), "train_rows": train_rows, "backend": BACKEND, "command": command}
         write_atomic(work / EXPORT_FILE, json.dumps(export, indent=2).encode())
         folder.finish()
-    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    return SpeculatorsExport(dest, len(order), train_rows, size, mapping, files, command)
+    return SpeculatorsExport(dest, len(order), train_rows, folder_bytes(dest), mapping, files, command)
 
 
-def _write_rows(work: Path, tokenized_dir: Path, shards: list[str], order: list[int]) -> None:
-    """The ``datasets`` folder (Arrow stream + state.json + dataset_info.json) and ``token_freq.pt``."""
-    tables = [read_tokenized_shard(tokenized_dir, s, ["sample_id", "input_ids", "loss_mask"]) for s in shards]
-    by_id: dict[int, tuple[list[int], list[int]]] = {}
-    for table in tables:
-        for sid, ids, mask in zip(*(table.column(c).to_pylist() for c in ("sample_id", "input_ids", "loss_mask"))):
-            by_id[sid] = (ids, mask)
-    missing = [sid for sid in order if sid not in by_id]
-    if missing:
-        raise FileNotFoundError(f"{tokenized_dir}: samples {missing[:5]} of the drafter dataset are not tokenized")
-    ids_col = [by_id[sid][0] for sid in order]
-    mask_col = [by_id[sid][1] for sid in order]
-    table = pa.table(
-        {
-            "input_ids": pa.array(ids_col, pa.list_(pa.int64())),
-            "loss_mask": pa.array(mask_col, pa.list_(pa.int64())),
-            "seq_len": pa.array([len(ids) for ids in ids_col], pa.int64()),
-            "sample_id": pa.array(order, pa.int64()),
-        }
-    )
+def _write_rows(work: Path, tokenized_dir: Path, shards: list[str], order: np.ndarray) -> None:
+    """The ``datasets`` folder (Arrow stream + state.json + dataset_info.json) and ``token_freq.pt``, streamed in
+    row groups (row_groups.py): memory flat in the number of samples."""
+    schema = pa.schema(
+        [("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())), ("seq_len", pa.int64()),
+         ("sample_id", pa.int64())],
+        metadata={"huggingface": json.dumps({"info": {"features": FEATURES}})},
+    )  # fmt: skip
+    counts = TokenCounts()
+    with atomic_output(work / ARROW_FILE) as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for group in rows_in_order(tokenized_dir, shards, order, work / ".row-groups"):
+            counts.add(masked_values(group))
+            ids = group.column("input_ids")
+            rows = pa.table(
+                [ids.cast(pa.list_(pa.int64())), group.column("loss_mask").cast(pa.list_(pa.int64())),
+                 pc.list_value_length(ids).cast(pa.int64()), group.column("sample_id")],
+                schema=schema,
+            )  # fmt: skip
+            writer.write_table(rows.combine_chunks(), max_chunksize=ROWS_PER_RECORD_BATCH)
     info = {"citation": "", "description": "hsx-dagster export", "features": FEATURES, "homepage": "", "license": ""}
-    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": FEATURES}})})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1000)
-    write_atomic(work / ARROW_FILE, sink.getvalue().to_pybytes())
     write_atomic(work / "dataset_info.json", json.dumps(info, indent=2).encode())
     state = {
         "_data_files": [{"filename": ARROW_FILE}],
-        "_fingerprint": f"hsx-{len(order)}-{hash(tuple(order)) & 0xFFFFFFFF:08x}",
+        # datasets' cache key of the rows: a digest of the row order (not a tuple of 10^6 Python ints)
+        "_fingerprint": f"hsx-{len(order)}-{hashlib.blake2b(order.tobytes(), digest_size=4).hexdigest()}",
         "_format_columns": ["input_ids", "loss_mask", "seq_len"],
         "_format_kwargs": {},
         "_format_type": "torch",
@@ -145,11 +144,8 @@ def _write_rows(work: Path, tokenized_dir: Path, shards: list[str], order: list[
         "_split": None,
     }
     write_atomic(work / "state.json", json.dumps(state, indent=2).encode())
-    counts: Counter[int] = Counter()
-    for ids, mask in zip(ids_col, mask_col, strict=True):
-        counts.update(token for token, keep in zip(ids, mask, strict=True) if keep)
     buffer = io.BytesIO()
-    torch.save(dict(counts), buffer)  # as speculators' save_token_frequency_distribution writes it
+    torch.save(counts.as_dict(), buffer)  # as speculators' save_token_frequency_distribution writes it
     write_atomic(work / "token_freq.pt", buffer.getvalue())
 
 
@@ -159,23 +155,33 @@ def row_states(sample: dict[str, Any], mapping: LayerMapping) -> torch.Tensor:
     return sample["hidden_states"][:, positions]
 
 
+@dataclass(frozen=True)
+class SpeculatorsFiles:
+    """speculators' ``file`` layout (file_pool.RowWriter): ``hidden_states/hs_<row>.safetensors``."""
+
+    drafter_dir: Path
+    work: Path
+    mapping: LayerMapping
+
+    def path(self, row: int) -> Path:
+        return self.work / "hidden_states" / f"hs_{row}.safetensors"
+
+    def write(self, sample: dict, handle: BinaryIO) -> None:
+        states = row_states(sample, self.mapping).contiguous()
+        handle.write(save_safetensors({"hidden_states": states, "token_ids": sample["input_ids"]}))
+
+
 def _write_files(
     work: Path,
     dataset: DrafterDataset,
     mapping: LayerMapping,
-    order: list[int],
+    order: np.ndarray,
     progress: Callable[[str], None] | None,
 ) -> None:
-    """speculators' ``file`` layout: ``hidden_states/hs_<row>.safetensors``; rows already written are kept."""
-    folder = work / "hidden_states"
-    folder.mkdir(exist_ok=True)
-    index_of = {sid: i for i, sid in enumerate(dataset.sample_ids)}
-    for row, sid in enumerate(order):
-        path = folder / f"hs_{row}.safetensors"
-        if path.exists():
-            continue  # written whole by an interrupted run
-        sample = dataset[index_of[sid]]
-        tensors = {"hidden_states": row_states(sample, mapping).contiguous(), "token_ids": sample["input_ids"]}
-        write_atomic(path, save_safetensors(tensors))
-        if progress and row % 1000 == 0:
-            progress(f"speculators file layout: {row:,}/{len(order):,} rows")
+    """The ``file`` layout by a pool of workers (file_pool.py); rows already written are kept."""
+
+    def report(done: int, total: int) -> None:
+        if progress:
+            progress(f"speculators file layout: {done:,}/{total:,} rows")
+
+    write_rows(SpeculatorsFiles(dataset.path, work, mapping), dataset_indices(dataset, order), progress=report)

@@ -43,6 +43,7 @@ from hsx_dagster.core.inputs.tokenized import (
     TokenizedSummary,
     length_histogram,
     read_membership,
+    stamped_digest,
 )
 from hsx_dagster.core.inputs.tokenizer import load_tokenizer, previous_tokenizer, tokenizer_change, tokenizer_provenance
 from hsx_dagster.core.inputs.workers import Outcome, RecordProcessor, Refused, resolve_workers, tokenizer_threads_off
@@ -110,7 +111,7 @@ def tokenize_dataset(
             truncated=first_pass.truncated,
             rejects=dict(sorted(first_pass.rejects.items())),
             shards=[
-                ShardLoad(k, int(c), int(t), int(a), int(r))
+                ShardLoad(k, int(c), int(t), int(a), int(r), *stamped_digest(staging_dir, k))
                 for k, c, t, a, r in zip(keys, counts, loads, added, removed)
             ],
             imbalance=round(imbalance(loads), 6),

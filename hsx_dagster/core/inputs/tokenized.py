@@ -40,6 +40,10 @@ class ShardLoad:
     tokens: int
     added: int = 0  # samples new to the shard since the previous tokenized dataset
     removed: int = 0  # samples of the shard in the previous tokenized dataset that are gone from the inputs
+    # `tokenized_digest` of the shard's file and that file's size, mtime and inode when it was taken (None in
+    # datasets tokenized before): whoever compares a shard with its tokenized samples reads this, not the file
+    sha256: str | None = None
+    file: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -134,12 +138,44 @@ def tokenized_digest(table: pa.Table) -> str:
     """A hash of a shard's samples as extraction stores them (ids, tokens and loss masks): hidden states made
     from other tokenized samples are never mixed with these (shard.json records it; assembly compares it)."""
     digest = hashlib.sha256()
-    digest.update(table.column("sample_id").to_numpy().tobytes())
+    digest.update(np.ascontiguousarray(table.column("sample_id").to_numpy()).data)
     for column, dtype in (("input_ids", np.int32), ("loss_mask", np.uint8)):
         for chunk in table.column(column).chunks:
-            digest.update(chunk.values.to_numpy(zero_copy_only=False).astype(dtype).tobytes())
-            digest.update(np.diff(chunk.offsets.to_numpy()).astype(np.int64).tobytes())
+            # hashed where they lie (no bytes copies): the values as stored already have these dtypes
+            values = chunk.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+            digest.update(np.ascontiguousarray(values).data)
+            digest.update(np.diff(chunk.offsets.to_numpy()).astype(np.int64).data)
     return digest.hexdigest()
+
+
+def file_stamp(path: Path) -> dict:
+    """What says a file is unchanged: size, modification time and inode (a replaced file has another inode)."""
+    status = Path(path).stat()
+    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "ino": status.st_ino}
+
+
+def stamped_digest(tokenized_dir: Path, shard: str) -> tuple[str, dict]:
+    """`tokenized_digest` of a shard's file, read whole, and the file's stamp (as summary.json records them)."""
+    table = read_tokenized_shard(tokenized_dir, shard, columns=["sample_id", "input_ids", "loss_mask"])
+    return tokenized_digest(table), file_stamp(tokenized_shard_file(tokenized_dir, shard))
+
+
+def shard_digests(tokenized_dir: Path, shards: Sequence[str]) -> dict[str, str]:
+    """`tokenized_digest` of each shard: from summary.json where its file is unchanged since it was recorded, else
+    read from the file (tokenized datasets made before summary.json recorded it, or a file replaced by hand)."""
+    try:
+        loads = {load.shard: load for load in TokenizedSummary.read(Path(tokenized_dir)).shards}
+    except FileNotFoundError:
+        loads = {}
+    digests = {}
+    for shard in shards:
+        load = loads.get(shard)
+        path = tokenized_shard_file(tokenized_dir, check_shard_key(shard))
+        if load is not None and load.sha256 and load.file and path.is_file() and file_stamp(path) == load.file:
+            digests[shard] = load.sha256
+        else:
+            digests[shard] = stamped_digest(tokenized_dir, shard)[0]
+    return digests
 
 
 def read_membership(tokenized_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
 READ_BLOCK = 8 * 2**20
 SMALL_TENSORS = ("input_ids", "loss_mask", "offsets", "sample_ids")
@@ -110,3 +111,23 @@ def _hash_rest(handle, digest, entries: dict, wanted: dict[str, bytearray]) -> i
                     wanted[name][low - start : high - start] = block[low - position : high - position]
             position += count
     return position
+
+
+def read_verified_chunk(path: Path, sha256: str, small: tuple[str, ...] = ("offsets", "sample_ids")) -> ScannedChunk:
+    """What a scan finds in a chunk the checks verified whole and that has not changed since (verified.json): its
+    header and the ``small`` tensors (memory-mapped reads of those only), the recorded checksum taken as its own.
+    Its states are not read. ``error`` is set when the file cannot be opened as safetensors."""
+    scanned = ScannedChunk(Path(path), sha256=sha256)
+    try:
+        scanned.size = os.stat(path).st_size
+        with safe_open(str(path), framework="np") as chunk:
+            scanned.metadata = {str(k): str(v) for k, v in (chunk.metadata() or {}).items()}
+            for name in chunk.keys():  # noqa: SIM118 (not a mapping)
+                view = chunk.get_slice(name)
+                scanned.tensors[name] = (view.get_dtype(), list(view.get_shape()))
+            scanned.small = {name: chunk.get_tensor(name) for name in small if name in scanned.tensors}
+    except FileNotFoundError:
+        scanned.error = "missing"
+    except Exception as exc:  # changed after all (a header that does not parse): named, and read whole next time
+        scanned.error = f"unreadable safetensors header ({type(exc).__name__}: {exc})"
+    return scanned

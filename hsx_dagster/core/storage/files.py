@@ -7,18 +7,23 @@
 - `file_sha256`: a file's sha256, read in blocks (memory stays flat whatever the file's size).
 - `swap_in_dir`: a finished folder replaces the old one by rename; `staging_dir_for` names the folder it is
   built in, beside the target, and `remove_leftovers` clears what a crashed run left there.
+- `atomic_output`: a file written as a stream (Arrow, Parquet) that appears whole or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+import pyarrow as pa
 
 HASH_BLOCK = 16 * 2**20
 # What a filesystem without flock support answers (ENOSYS: Lustre without -o flock; ENOLCK: NFS without a lock
@@ -118,3 +123,28 @@ def remove_leftovers(target: Path) -> None:
     for pattern in (f"{target.name}.tmp-*", f"{target.name}.old-*"):
         for leftover in target.parent.glob(pattern):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[pa.NativeFile]:
+    """Arrow's output stream onto ``path``, for writers that stream (no bytes object of the whole file): written
+    under a temporary name, fsynced, renamed, the folder fsynced; an error leaves no file and no temporary."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with pa.OSFile(str(temporary), "wb") as sink:
+            yield sink
+        _fsync(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

@@ -13,7 +13,11 @@ on the shard that is wrong (where the retry sensor can act), not later on the as
   (a layer of zeros fails, an outlying scale is reported), from the statistics recorded when each chunk
   was written (its checksum proves they still describe its bytes).
 
-Every chunk is read once for all three (chunk_scan.py): about the time of ``sha256sum`` over the shard.
+Every chunk is read once for all three (chunk_scan.py): about the time of ``sha256sum`` over the shard. A chunk
+these checks read whole before and whose file has not changed since (size, mtime and inode, verified.json) is not
+read again: its header and sample ids are (integrity), and its ids and masks only when the tokenized shard changed
+since they were found equal to it (coverage); its statistics are those recorded at write time (numerics). So a
+shard that grew by 1% is re-hashed by 1%; the check metadata says how many chunks and bytes were hashed and skipped.
 With ``heal=True`` (the Dagster check), a damaged or missing chunk is then taken out of the index (moved to
 ``set_aside/`` with the reason, healing.py): its samples are pending, and the next run of the shard (the retry
 sensor's) extracts exactly those again.
@@ -29,6 +33,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from hsx_dagster.core.check_outcome import CheckOutcome
+from hsx_dagster.core.inputs.tokenized import shard_digests
 from hsx_dagster.core.model_info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.chunk_checks import (
@@ -38,11 +43,18 @@ from hsx_dagster.core.storage.chunk_checks import (
     positions_of,
     scanned_chunk_problems,
 )
-from hsx_dagster.core.storage.chunk_scan import ScannedChunk, scan_chunk
+from hsx_dagster.core.storage.chunk_scan import SMALL_TENSORS, ScannedChunk, read_verified_chunk, scan_chunk
 from hsx_dagster.core.storage.format import COMPLETE_FILE, tokenized_shard_file
 from hsx_dagster.core.storage.healing import set_aside_damaged
 from hsx_dagster.core.storage.provenance import ChunkLayout, ShardProvenance
-from hsx_dagster.core.storage.shard_records import ChunkRecord, read_index, read_quarantine, record_verified
+from hsx_dagster.core.storage.shard_records import (
+    ChunkRecord,
+    read_index,
+    read_quarantine,
+    read_verified,
+    record_verified,
+    verified_unchanged,
+)
 
 CHECK_NAMES = ("shard_coverage", "shard_integrity", "shard_numerics")
 
@@ -56,7 +68,7 @@ def layout_of(provenance: ShardProvenance) -> ChunkLayout:
 
 @dataclass
 class ShardScan:
-    """Every chunk of a shard read once: what each holds and what is wrong with it."""
+    """Every chunk of a shard read once (or known unchanged since it was): what each holds and what is wrong."""
 
     folder: Path
     provenance: ShardProvenance
@@ -64,20 +76,50 @@ class ShardScan:
     chunks: dict[str, ScannedChunk] = field(default_factory=dict)
     problems: dict[str, list[str]] = field(default_factory=dict)  # chunk -> what is wrong (integrity)
     elapsed_s: float = 0.0
+    started_ns: int = 0  # wall clock when the scan began: what verified.json records as the time of verification
+    verified: dict = field(default_factory=dict)  # verified.json as the scan found it
+    skipped: set[str] = field(default_factory=set)  # verified before and unchanged: not hashed again
+    matched: dict[str, str] = field(default_factory=dict)  # chunk -> tokenized digest its ids and masks equal
 
     @property
     def bytes_read(self) -> int:
-        return sum(chunk.size for chunk in self.chunks.values())
+        """Bytes hashed (chunks read whole)."""
+        return sum(chunk.size for name, chunk in self.chunks.items() if name not in self.skipped)
+
+    @property
+    def bytes_skipped(self) -> int:
+        return sum(self.chunks[name].size for name in self.skipped)
+
+    def figures(self) -> dict:
+        """What the scan read and skipped, for every check's metadata."""
+        return {
+            "scan_s": round(self.elapsed_s, 3),
+            "scan_bytes": self.bytes_read,
+            "scan_mb_per_s": round(self.bytes_read / 2**20 / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0,
+            "chunks_hashed": len(self.chunks) - len(self.skipped),
+            "chunks_skipped": len(self.skipped),  # verified before, unchanged since (verified.json)
+            "bytes_skipped": self.bytes_skipped,
+        }
 
 
 def scan_shard(folder: Path) -> ShardScan:
-    """Read every chunk of the index once (StoreError/ModelDirError when shard.json or the index is unusable)."""
+    """Read every chunk of the index once, except those verified before and unchanged since (their header and
+    sample ids only); StoreError/ModelDirError when shard.json or the index is unusable."""
     started = time.perf_counter()
     provenance = ShardProvenance.read(folder)
     layout, header = layout_of(provenance), provenance.chunk_header()
-    scan = ShardScan(Path(folder), provenance, read_index(folder))
+    scan = ShardScan(Path(folder), provenance, read_index(folder), started_ns=time.time_ns())
+    scan.verified = read_verified(scan.folder)
     for record in scan.records:
-        scanned = scan_chunk(scan.folder / record.chunk)
+        path = scan.folder / record.chunk
+        scanned = None
+        if verified_unchanged(scan.folder, record, scan.verified):
+            scanned = read_verified_chunk(path, record.sha256)
+            if scanned.error is None:
+                scan.skipped.add(record.chunk)
+            else:
+                scanned = None  # it changed after all: read whole, named by what that finds
+        scanned = scanned or scan_chunk(path)
         scan.chunks[record.chunk] = scanned
         problems = scanned_chunk_problems(scanned, record, layout, header)
         if problems:
@@ -89,11 +131,14 @@ def scan_shard(folder: Path) -> ShardScan:
 def integrity_outcome(scan: ShardScan) -> CheckOutcome:
     problems = [problem for listed in scan.problems.values() for problem in listed]
     size = sum(r.bytes for r in scan.records)
+    skipped = (
+        f" ({len(scan.skipped)} of them verified before and unchanged since: not hashed again)" if scan.skipped else ""
+    )
     return CheckOutcome(
         not problems,
         "; ".join(problems[:MAX_LISTED])
-        or f"{len(scan.records)} chunks: checksums, samples, headers, shapes and dtypes as recorded",
-        {"chunks": len(scan.records), "bytes_read": size, "problems": len(problems)},
+        or f"{len(scan.records)} chunks: checksums, samples, headers, shapes and dtypes as recorded{skipped}",
+        {"chunks": len(scan.records), "bytes": size, "bytes_read": scan.bytes_read, "problems": len(problems)},
     )
 
 
@@ -122,27 +167,26 @@ def numerics_outcome(scan: ShardScan) -> CheckOutcome:
 
 
 def coverage_outcome(scan: ShardScan, tokenized_dir: Path, shard: str) -> CheckOutcome:
-    """Every tokenized sample of ``shard`` committed or quarantined exactly once, with its ids and mask."""
+    """Every tokenized sample of ``shard`` committed or quarantined exactly once, with its ids and mask. A chunk
+    verified unchanged whose ids and masks were found equal to this same tokenized shard (its digest) is not
+    compared again; ``scan.matched`` gets every chunk found equal."""
     source = tokenized_shard_file(tokenized_dir, shard)
     if not source.is_file():
         return CheckOutcome(False, f"{source} not found: nothing to compare the shard with", {"problems": 1})
-    tokenized = TokenizedRows(pq.read_table(source, columns=["sample_id", "input_ids", "loss_mask"]))
+    digest = shard_digests(tokenized_dir, [shard])[shard]
+    sample_ids = pq.read_table(source, columns=["sample_id"]).column("sample_id").to_numpy()
     try:
         quarantined = [q.sample_id for q in read_quarantine(scan.folder)]
     except (StoreError, TypeError) as exc:
         return CheckOutcome(False, f"coverage: {exc}", {"problems": 1})
-    rows = tokenized.row_of
+    rows = set(sample_ids.tolist())
     committed = Counter(sample_id for record in scan.records for sample_id in record.sample_ids)
     accounted = committed + Counter(q for q in quarantined if q in rows)
     twice = sorted(sample_id for sample_id, n in accounted.items() if n > 1)
     missing = sorted(sample_id for sample_id in rows if sample_id not in accounted)
     # committed samples whose input is gone (stable membership): kept in their chunk, never indexed or served
     departed = sorted(sample_id for sample_id in committed if sample_id not in rows)
-    mismatched: list[int] = []
-    for record in scan.records:
-        scanned = scan.chunks.get(record.chunk)
-        if scanned is not None and scanned.error is None:  # a missing chunk is the integrity check's finding
-            mismatched += tokenized.mismatching(scanned.small, positions_of(record.sample_ids))
+    mismatched, compared = _compare_ids_and_masks(scan, source, digest)
     problems = _coverage_problems(missing, twice, mismatched)
     if not problems and not (scan.folder / COMPLETE_FILE).is_file():
         problems.append(f"{scan.folder / COMPLETE_FILE} is missing: the shard was not marked complete")
@@ -159,8 +203,35 @@ def coverage_outcome(scan: ShardScan, tokenized_dir: Path, shard: str) -> CheckO
             "duplicated": len(twice),
             "departed": len(departed),
             "mismatched": len(mismatched),
+            "chunks_compared": compared,  # the others: found equal to this tokenized shard before, unchanged since
         },
     )
+
+
+def _compare_ids_and_masks(scan: ShardScan, source: Path, digest: str) -> tuple[list[int], int]:
+    """The samples whose stored ids or mask differ from the tokenized ones, and how many chunks were compared: those
+    read whole now, and the unchanged ones last found equal to another tokenized shard (their ids and masks read)."""
+    tokenized: TokenizedRows | None = None  # read only when a chunk needs comparing
+    mismatched: list[int] = []
+    compared = 0
+    for record in scan.records:
+        scanned = scan.chunks.get(record.chunk)
+        if scanned is None or scanned.error is not None:
+            continue  # a missing or unreadable chunk is the integrity check's finding
+        if record.chunk in scan.skipped and scan.verified[record.chunk].get("tokenized") == digest:
+            scan.matched[record.chunk] = digest
+            continue
+        if tokenized is None:
+            tokenized = TokenizedRows(pq.read_table(source, columns=["sample_id", "input_ids", "loss_mask"]))
+        small = scanned.small
+        if "input_ids" not in small:  # verified unchanged: its ids and masks, not its states
+            small = read_verified_chunk(scanned.path, record.sha256, small=SMALL_TENSORS).small
+        found = tokenized.mismatching(small, positions_of(record.sample_ids))
+        compared += 1
+        mismatched += found
+        if not found:
+            scan.matched[record.chunk] = digest
+    return mismatched, compared
 
 
 def _coverage_problems(missing: list[int], twice: list[int], mismatched: list[int]) -> list[str]:
@@ -193,7 +264,9 @@ def check_shard(shard_dir: Path, tokenized_dir: Path, shard: str, *, heal: bool 
         "shard_integrity": integrity_outcome(scan),
         "shard_numerics": numerics_outcome(scan),
     }
-    record_verified(shard_dir, [record for record in scan.records if record.chunk not in scan.problems])
+    kept = {chunk: scan.verified[chunk] for chunk in scan.skipped}
+    whole = [record for record in scan.records if record.chunk not in scan.problems]
+    record_verified(shard_dir, whole, scan.started_ns, tokenized=scan.matched, kept=kept)
     healed = set_aside_damaged(shard_dir, scan.records, scan.problems) if heal and scan.problems else []
     if healed:
         samples = sum(record.samples for record in healed)
@@ -204,11 +277,7 @@ def check_shard(shard_dir: Path, tokenized_dir: Path, shard: str, *, heal: bool 
             f"removed_chunks.jsonl): their {samples} samples are pending, the next run of {shard} re-extracts them",
             {**integrity.metadata, "chunks_set_aside": len(healed), "samples_pending": samples},
         )
-    speed = {
-        "scan_s": round(scan.elapsed_s, 3),
-        "scan_bytes": scan.bytes_read,
-        "scan_mb_per_s": round(scan.bytes_read / 2**20 / scan.elapsed_s, 1) if scan.elapsed_s > 0 else 0.0,
-    }
+    speed = scan.figures()
     return {name: CheckOutcome(o.passed, o.description, {**o.metadata, **speed}) for name, o in outcomes.items()}
 
 

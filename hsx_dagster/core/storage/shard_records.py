@@ -75,31 +75,61 @@ def shard_totals(directory: Path) -> ShardTotals:
     return ShardTotals.of(read_index(directory))
 
 
-def record_verified(directory: Path, records: Sequence[ChunkRecord]) -> None:
-    """Note ``records`` as read whole and found as written (by the shard checks), with each file's size and mtime:
-    the drafter dataset's checks do not read them again while both are unchanged."""
+RACY_NS = 10**9  # a file modified within this long of its verification may share its mtime with what was verified
+
+
+def record_verified(
+    directory: Path,
+    records: Sequence[ChunkRecord],
+    verified_at_ns: int,
+    *,
+    tokenized: dict[str, str] | None = None,
+    kept: dict | None = None,
+) -> None:
+    """Note ``records`` as read whole and found as written (by the shard checks that began at ``verified_at_ns``),
+    with each file's size, mtime and inode: no check reads them whole again while all three are unchanged.
+    ``tokenized``: chunk -> digest of the tokenized shard its ids and masks were found equal to; ``kept``: the
+    entries of chunks not read again this time (verified before and unchanged), carried over as they were."""
     entries = {}
     for record in records:
-        try:
-            status = os.stat(Path(directory) / record.chunk)
-        except FileNotFoundError:
-            continue
-        entries[record.chunk] = {"sha256": record.sha256, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
+        if kept and record.chunk in kept:
+            entries[record.chunk] = dict(kept[record.chunk])
+        else:
+            try:
+                status = os.stat(Path(directory) / record.chunk)
+            except FileNotFoundError:
+                continue
+            entries[record.chunk] = {
+                "sha256": record.sha256,
+                "size": status.st_size,
+                "mtime_ns": status.st_mtime_ns,
+                "ino": status.st_ino,
+                "verified_at_ns": verified_at_ns,
+            }
+        if tokenized and record.chunk in tokenized:
+            entries[record.chunk]["tokenized"] = tokenized[record.chunk]
     write_atomic(Path(directory) / VERIFIED_FILE, json.dumps(entries, indent=1, sort_keys=True).encode())
 
 
 def verified_unchanged(directory: Path, record: ChunkRecord, verified: dict | None = None) -> bool:
-    """Whether the shard checks found ``record``'s chunk whole and its file has not changed since (size, mtime)."""
+    """Whether the shard checks found ``record``'s chunk whole and its file has not changed since: the same size,
+    mtime and inode (a file replaced by another has another inode), and modified long enough before the check
+    began that a later write could not have left the same mtime (file times are coarser than nanoseconds)."""
     if verified is None:
         verified = read_verified(directory)
     entry = verified.get(record.chunk)
-    if not entry or entry.get("sha256") != record.sha256:
+    if not isinstance(entry, dict) or entry.get("sha256") != record.sha256:
         return False
     try:
         status = os.stat(Path(directory) / record.chunk)
     except FileNotFoundError:
         return False
-    return status.st_size == entry.get("size") and status.st_mtime_ns == entry.get("mtime_ns")
+    unchanged = (status.st_size, status.st_mtime_ns, status.st_ino) == (
+        entry.get("size"),
+        entry.get("mtime_ns"),
+        entry.get("ino"),
+    )
+    return unchanged and int(entry.get("verified_at_ns", 0)) - status.st_mtime_ns > RACY_NS
 
 
 def read_verified(directory: Path) -> dict:
