@@ -89,7 +89,7 @@ def timed(run) -> tuple[float, float, float]:
 
 def contestants(root: Path, shard: Path, chunks: list[Path]) -> dict:
     from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics
-    from hsx_dagster.core.storage.shard_checks import check_shard
+    from hsx_dagster.core.dataset.shard_checks import check_shard
 
     def shard_checks():
         outcomes = check_shard(shard, root / "tokenized", "shard-00")

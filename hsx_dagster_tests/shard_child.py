@@ -113,8 +113,8 @@ def heal_and_kill(folder: Path, tokenized_dir: Path, point: str) -> None:
     """Run the shard checks with healing on ``folder`` (a damaged chunk in it); die part-way through setting the
     chunk aside: ``logged`` (the removal recorded, the file not moved yet) or ``moved`` (the file moved aside, the
     index not rewritten yet)."""
+    from hsx_dagster.core.dataset.shard_checks import check_shard
     from hsx_dagster.core.storage import chunk_removal
-    from hsx_dagster.core.storage.shard_checks import check_shard
 
     if point == "logged":
         chunk_removal.finish_removals = lambda directory: _die()  # type: ignore[assignment]

@@ -232,7 +232,7 @@ def test_coverage_reads_no_chunk_the_shard_checks_verified_and_still_places_ever
     import os
     import time
 
-    from hsx_dagster.core.storage.shard_checks import check_shard
+    from hsx_dagster.core.dataset.shard_checks import check_shard
 
     stamp = time.time_ns() - 60 * 10**9  # chunks written a while before their checks
     for shard in SHARDS:

@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from hsx_dagster.core.dataset.shard_checks import check_shard
 from hsx_dagster.core.extraction.shard_run import run_shard
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
 from hsx_dagster.core.storage import atomic as atomic_module
@@ -32,7 +33,6 @@ from hsx_dagster.core.storage.format import (
     SHARD_INDEX_FILE,
     SPLIT_BATCHES_FILE,
 )
-from hsx_dagster.core.storage.shard_checks import check_shard
 from hsx_dagster.core.storage.shard_store import StoreError, read_index
 from hsx_dagster_tests import shard_child
 from hsx_dagster_tests.helpers import shard_job, tokenize

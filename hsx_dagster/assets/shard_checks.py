@@ -1,6 +1,6 @@
 """Blocking checks on each `hidden_states` partition, evaluated for the shard a run materialized.
 
-Thin over `hsx_dagster.core.storage.shard_checks`. The checks are partitioned like the asset, so a
+Thin over `hsx_dagster.core.dataset.shard_checks`. The checks are partitioned like the asset, so a
 shard run (the `hidden_states_shard` job, or `dagster asset materialize --select hidden_states
 --partition shard-NN`) checks its own shard, and the UI shows each partition's result. A failed
 check blocks `drafter_dataset` and counts as a failed shard for `retry_failed_shards`.
@@ -20,8 +20,8 @@ from dagster import (
 from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.checks import check_result
 from hsx_dagster.core.check_outcome import CheckOutcome
+from hsx_dagster.core.dataset.shard_checks import check_shard
 from hsx_dagster.core.storage.format import COMPLETE_FILE
-from hsx_dagster.core.storage.shard_checks import check_shard
 from hsx_dagster.core.units import format_bytes, format_duration, format_share
 from hsx_dagster.resources import HsxSettings
 
