@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--previous", type=Path, default=None, help="a checkout of an earlier commit to compare with")
-    parser.add_argument("--out-dir", type=Path, default=None, help="where the runs write (default: under the repo)")
+    parser.add_argument("--out-dir", type=Path, default=None, help="where the runs write (default: data/out/ of the repo)")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     return parser.parse_args(argv)
 
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and CHILD_FLAG in sys.argv:
         return run_child_main()
     args = parse_args(argv)
-    out_dir = args.out_dir or REPO
+    out_dir = args.out_dir or REPO / "data" / "out"  # git-ignored, on the repository's disk
+    out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = {
         "date": datetime.date.today().isoformat(),

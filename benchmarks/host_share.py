@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shard_names = [f"shard-{k:02d}" for k in range(args.shards)]
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    with tempfile.TemporaryDirectory(dir=REPO, prefix="host-share-") as scratch:
+    scratch_root = REPO / "data" / "out"  # git-ignored, on the repository's disk
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch_root, prefix="host-share-") as scratch:
         tokenized = tokenize(Path(scratch), args.shards, args.conversations)
         for round_number in range(args.rounds):
             for mode in MODES if round_number % 2 == 0 else reversed(MODES):
