@@ -55,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--previous", type=Path, default=None, help="a checkout of an earlier commit to compare with")
-    parser.add_argument("--out-dir", type=Path, default=None, help="where the runs write (default: data/out/ of the repo)")
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="where the runs write (default: data/out/ of the repo)"
+    )
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     return parser.parse_args(argv)
 

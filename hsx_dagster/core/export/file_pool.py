@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from hsx_dagster.core.dataset.reader import DrafterDataset
+from hsx_dagster.core.storage.files import fsync_path
 
 ROWS_PER_BATCH = 256  # files made durable by one sync
 IN_PROCESS_BELOW = 4096  # rows: fewer are not worth the worker processes' start
@@ -169,7 +170,7 @@ def write_batch(writer: RowWriter, start: int, indices: np.ndarray) -> tuple[int
             for temporary, final in temporaries:
                 os.replace(temporary, final)
             for folder in {final.parent for _, final in temporaries}:
-                _fsync_folder(folder)
+                fsync_path(folder)
     except BaseException:
         for temporary, _ in temporaries:
             with contextlib.suppress(OSError):
@@ -199,14 +200,6 @@ def _durable(paths: list[Path]) -> None:
             os.fsync(handle)
         finally:
             os.close(handle)
-
-
-def _fsync_folder(folder: Path) -> None:
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
 
 
 def dataset_indices(dataset: DrafterDataset, sample_ids: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.storage.atomic import write_atomic
+from hsx_dagster.core.storage.files import fsync_path
 
 SPEC_FILE = ".hsx-export-spec.json"  # what the partial folder is being built from
 
@@ -46,7 +47,7 @@ class ExportFolder:
         if self.dest.exists():
             os.replace(self.dest, old)
         os.replace(self.partial, self.dest)
-        _fsync_dir(self.dest.parent)
+        fsync_path(self.dest.parent)
         if old.exists():
             shutil.rmtree(old)
         return self.dest
@@ -57,14 +58,6 @@ class ExportFolder:
             return json.loads((folder / SPEC_FILE).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return None
-
-
-def _fsync_dir(path: Path) -> None:
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
 
 
 def folder_bytes(folder: Path) -> int:

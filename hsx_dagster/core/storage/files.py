@@ -133,16 +133,17 @@ def atomic_output(path: Path) -> Iterator[pa.NativeFile]:
     try:
         with pa.OSFile(str(temporary), "wb") as sink:
             yield sink
-        _fsync(temporary)
+        fsync_path(temporary)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
-    _fsync(path.parent)
+    fsync_path(path.parent)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """A file's or folder's data and metadata on disk (a folder: the names created or renamed in it)."""
     handle = os.open(path, os.O_RDONLY)
     try:
         os.fsync(handle)
