@@ -207,7 +207,3 @@ def plain_write_rate(folder: Path, size: int = 1 << 30) -> float:
     seconds = time.perf_counter() - started
     path.unlink()
     return size / seconds
-
-
-def tree_bytes(path: Path) -> int:
-    return sum(os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path) for n in names)

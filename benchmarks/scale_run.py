@@ -41,7 +41,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale_measure import Measured, peak_of, plain_write_rate, run_measured, tree_bytes
+from benchmarks.measure import tree_bytes
+from benchmarks.scale_measure import Measured, peak_of, plain_write_rate, run_measured
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

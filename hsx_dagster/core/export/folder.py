@@ -58,16 +58,3 @@ class ExportFolder:
             return json.loads((folder / SPEC_FILE).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return None
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes of every file under ``folder`` (os.scandir: one stat per file, no Path object per file)."""
-    total, todo = 0, [str(folder)]
-    while todo:
-        with os.scandir(todo.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    todo.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
-    return total

@@ -24,10 +24,11 @@ import torch
 
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.export.file_pool import ROWS_PER_BATCH, dataset_indices, write_rows
-from hsx_dagster.core.export.folder import ExportFolder, folder_bytes
+from hsx_dagster.core.export.folder import ExportFolder
 from hsx_dagster.core.export.mapping import LayerMapping, specforge_mapping
 from hsx_dagster.core.export.speculators import row_order
 from hsx_dagster.core.storage.atomic import write_atomic
+from hsx_dagster.core.storage.files import folder_bytes
 
 EXPORT_FILE = "hsx_export.json"
 ROWS_PER_FOLDER = 5000

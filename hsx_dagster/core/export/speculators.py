@@ -29,11 +29,11 @@ from safetensors.torch import save as save_safetensors
 
 from hsx_dagster.core.dataset.reader import DrafterDataset
 from hsx_dagster.core.export.file_pool import dataset_indices, write_rows
-from hsx_dagster.core.export.folder import ExportFolder, folder_bytes
+from hsx_dagster.core.export.folder import ExportFolder
 from hsx_dagster.core.export.mapping import LayerMapping, speculators_mapping
 from hsx_dagster.core.export.row_groups import TokenCounts, masked_values, rows_in_order
 from hsx_dagster.core.storage.atomic import write_atomic
-from hsx_dagster.core.storage.files import atomic_output
+from hsx_dagster.core.storage.files import atomic_output, folder_bytes
 
 EXPORT_FILE = "hsx_export.json"  # the mapping, the drafter dataset served, the command line
 ARROW_FILE = "data-00000-of-00001.arrow"

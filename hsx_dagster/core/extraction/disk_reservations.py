@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx_dagster.core.storage.files import FileLock
+from hsx_dagster.core.storage.files import FileLock, folder_bytes
 
 RESERVATIONS_DIR = "disk_reservations"
 
@@ -52,18 +52,6 @@ class DiskReservation:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes of every file under ``folder`` (0 when it does not exist)."""
-    total = 0
-    for path in Path(folder).rglob("*"):
-        try:
-            if path.is_file():
-                total += path.stat().st_size
-        except OSError:  # removed while we looked (a chunk set aside, a staging file renamed)
-            continue
-    return total
 
 
 def reserve(records_dir: Path, shard: str, shard_dir: Path, needed: int) -> DiskReservation:

@@ -142,6 +142,26 @@ def atomic_output(path: Path) -> Iterator[pa.NativeFile]:
     fsync_path(path.parent)
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder``, 0 when it does not exist (os.scandir: one stat per file, no Path object
+    per file). A file or folder removed while it is read (a chunk set aside, a temporary file renamed) is skipped."""
+    total, todo = 0, [str(folder)]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:
+                        continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return total
+
+
 def fsync_path(path: Path) -> None:
     """A file's or folder's data and metadata on disk (a folder: the names created or renamed in it)."""
     handle = os.open(path, os.O_RDONLY)
