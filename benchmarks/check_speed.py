@@ -48,8 +48,8 @@ def extract(root: Path, model: Path, tokens: int) -> tuple[Path, float]:
     """Tokenize the demo into one shard, keep the first samples up to ``tokens`` tokens, extract: (shard, seconds)."""
     import pyarrow.parquet as pq
 
-    from hsx_dagster.core.extraction.shard_run import run_shard
-    from hsx_dagster.core.storage.format import tokenized_shard_file
+    from hsx_dagster.core.extraction import run_shard
+    from hsx_dagster.core.storage import tokenized_shard_file
     from hsx_dagster.demo.build import OPENAI_PATH, SHAREGPT_PATH
     from hsx_dagster_tests.helpers import shard_job, tokenize
 
@@ -88,8 +88,7 @@ def timed(run) -> tuple[float, float, float]:
 
 
 def contestants(root: Path, shard: Path, chunks: list[Path]) -> dict:
-    from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics
-    from hsx_dagster.core.dataset.shard_checks import check_shard
+    from hsx_dagster.core.dataset import check_coverage, check_integrity, check_numerics, check_shard
 
     def shard_checks():
         outcomes = check_shard(shard, root / "tokenized", "shard-00")
@@ -117,7 +116,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    from hsx_dagster.core.dataset.assembly import assemble
+    from hsx_dagster.core.dataset import assemble
 
     with tempfile.TemporaryDirectory(prefix="hsx-check-speed-", dir=REPO / "data") as scratch:
         root = Path(scratch)

@@ -19,12 +19,9 @@ import pyarrow as pa
 import torch
 from safetensors.torch import save_file
 
-from hsx_dagster.core.extraction.backbone import Backbone, BackboneInfo
-from hsx_dagster.core.extraction.batching import plan_batches
-from hsx_dagster.core.extraction.engine import extract_shard
+from hsx_dagster.core.extraction import Backbone, BackboneInfo, extract_shard, plan_batches
 from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage.provenance import ShardProvenance
-from hsx_dagster.core.storage.shard_store import ShardStore
+from hsx_dagster.core.storage import ShardProvenance, ShardStore
 
 CONTESTANTS = ("naive", "bare", "pipeline")
 

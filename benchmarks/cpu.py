@@ -46,7 +46,7 @@ from benchmarks.storage import (
     storage_dtypes,
 )
 from benchmarks.tokenization import COLUMNS, measure_tokenization, measure_workers
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
+from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings
 
 

@@ -28,9 +28,8 @@ from benchmarks.storage import (
     relative_errors,
     storage_dtypes,
 )
-from hsx_dagster.core.extraction.backbone import load_backbone
-from hsx_dagster.core.extraction.batching import padding_efficiency, plan_batches
-from hsx_dagster.core.model_info import check_model_dir
+from hsx_dagster.core.extraction import load_backbone, padding_efficiency, plan_batches
+from hsx_dagster.core.model import check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings
 
 HEADLINE = "qwen3.6-shaped"  # the model the pipeline / naive target is about, and the memory runs use

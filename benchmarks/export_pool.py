@@ -28,12 +28,9 @@ KINDS = ("inline", "thread", "process")
 
 def one_run(drafter: Path, out: Path, rows: int, kind: str, workers: int) -> dict:
     """In this process: the first ``rows`` rows written by ``kind``; seconds and bytes."""
-    from hsx_dagster.core.dataset.reader import DrafterDataset
-    from hsx_dagster.core.export.file_pool import dataset_indices, write_rows
-    from hsx_dagster.core.export.mapping import specforge_mapping
-    from hsx_dagster.core.export.specforge import SpecForgeRows
-    from hsx_dagster.core.export.speculators import row_order
-    from hsx_dagster.core.storage.files import folder_bytes
+    from hsx_dagster.core.dataset import DrafterDataset
+    from hsx_dagster.core.export import SpecForgeRows, dataset_indices, row_order, specforge_mapping, write_rows
+    from hsx_dagster.core.storage import folder_bytes
 
     dataset = DrafterDataset(drafter)
     mapping = specforge_mapping(dataset.layer_ids, dataset.num_hidden_layers, True, "eagle3")

@@ -18,10 +18,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from hsx_dagster.core.extraction.backbone import BackboneInfo
-from hsx_dagster.core.storage.format import dtype_name
-from hsx_dagster.core.storage.provenance import StoredLayers
-from hsx_dagster.core.transformers_internals import attn_implementation_in_use
+from hsx_dagster.core.extraction import BackboneInfo
+from hsx_dagster.core.model import attn_implementation_in_use
+from hsx_dagster.core.storage import StoredLayers, dtype_name
 
 REPO = Path(__file__).resolve().parents[1]
 _NORM_VALUES: dict[type, float] = {}  # the value a norm weight starts at, per norm class
@@ -215,9 +214,9 @@ import json, resource, sys, time
 import torch
 import transformers  # imported (and the GPU context made) before the baseline: only the loading is measured
 from pathlib import Path
-from hsx_dagster.core.extraction.backbone import load_backbone
-from hsx_dagster.core.model_info import check_model_dir
-from hsx_dagster.core.storage.format import COMPUTE_DTYPES
+from hsx_dagster.core.extraction import load_backbone
+from hsx_dagster.core.model import check_model_dir
+from hsx_dagster.core.storage import COMPUTE_DTYPES
 path, layer_ids, device, dtype = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 if device.startswith("cuda"):
     torch.zeros(1, device=device)

@@ -27,9 +27,9 @@ from benchmarks.gpu_models import (
     truncated_backbone,
 )
 from benchmarks.measure import tree_bytes
-from hsx_dagster.core.layers import resolve_layers
+from hsx_dagster.core.model import resolve_layers
 from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage.format import dtype_name
+from hsx_dagster.core.storage import dtype_name
 
 LAYERS = "eagle3"
 

@@ -15,10 +15,9 @@ import pyarrow as pa
 import torch
 
 from benchmarks.host_path_runs import MEAN_TOKENS, SEED, Config
-from hsx_dagster.core.extraction.backbone import BackboneInfo
+from hsx_dagster.core.extraction import BackboneInfo
 from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage.format import STORAGE_DTYPES
-from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage import STORAGE_DTYPES, ShardProvenance
 
 VOCABULARY = 32_000
 
@@ -94,8 +93,8 @@ def _lengths(tokens: int) -> np.ndarray:
 
 def pipeline(work: Work, folder: Path) -> int:
     """`extract_shard` into ``folder``; the bytes stored."""
-    from hsx_dagster.core.extraction.engine import extract_shard
-    from hsx_dagster.core.storage.shard_store import ShardStore, read_index
+    from hsx_dagster.core.extraction import extract_shard
+    from hsx_dagster.core.storage import ShardStore, read_index
 
     with ShardStore(folder, work.provenance) as store:
         extract_shard(
@@ -108,21 +107,18 @@ def pipeline(work: Work, folder: Path) -> int:
 def device_only(work: Work) -> int:
     """The same batches through the device's part of `extract_shard` alone (forward, gather, reductions, fp8, the
     copy into staging rows, the ids and masks): one ring span reused, nothing written. The bytes it would store."""
-    from hsx_dagster.core.extraction.batching import LengthOrder
-    from hsx_dagster.core.extraction.engine import _run_batch
-    from hsx_dagster.core.extraction.timing import LapTimer
-    from hsx_dagster.core.storage.chunk_writer import _stat_specs
-    from hsx_dagster.core.storage.staging import Span, StagingRing
+    from hsx_dagster.core.extraction import LapTimer, LengthOrder, run_batch
+    from hsx_dagster.core.storage import Span, StagingRing, statistics_specs
 
     info, config = work.backbone.info, work.config
     layout = work.provenance.layout(config.hidden)
     cuda = config.device == "cuda"
-    specs = {**layout.row_specs(), **_stat_specs(info.layers.count)}
+    specs = {**layout.row_specs(), **statistics_specs(info.layers.count)}
     lengths = work.samples.column("num_tokens").to_numpy().astype(np.int64)
     ring = StagingRing(specs, max(config.max_batch_tokens, int(lengths.max())), pin=cuda)
     order, timer = LengthOrder(lengths), LapTimer(torch.device(config.device))
     input_ids, loss_mask = (work.samples.column(name).combine_chunks() for name in ("input_ids", "loss_mask"))
-    from hsx_dagster.core.storage.chunk_writer import StagedBatch
+    from hsx_dagster.core.storage import StagedBatch
 
     stored = 0
     storage = STORAGE_DTYPES[config.dtype]
@@ -130,7 +126,7 @@ def device_only(work: Work) -> int:
         batch = order.take(config.batch_size, config.max_batch_tokens)
         rows = np.asarray(batch.rows)
         staged = StagedBatch(rows.tolist(), lengths[rows].tolist(), ring, Span(0, 0, int(lengths[rows].sum())))
-        _run_batch(work.backbone, rows, input_ids, loss_mask, staged, storage, 0, timer)  # type: ignore[arg-type]
+        run_batch(work.backbone, rows, input_ids, loss_mask, staged, storage, 0, timer)  # type: ignore[arg-type]
         if staged.ready is not None:
             staged.ready.synchronize()
         stored += staged.tokens * sum(spec.nbytes for spec in layout.row_specs().values())

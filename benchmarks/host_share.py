@@ -44,7 +44,7 @@ def child(args: argparse.Namespace) -> None:
     """One shard run, as the pipeline runs it; prints its tokens and when it started and ended."""
     import torch
 
-    from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+    from hsx_dagster.core.extraction import ShardJob, run_shard
     from hsx_dagster.core.settings import ExtractionSettings, ModelSettings
 
     tokenized, out, shard, threads = args.child
@@ -64,7 +64,7 @@ def child(args: argparse.Namespace) -> None:
 
 def tokenize(folder: Path, shards: int, conversations: int) -> Path:
     """The first ``conversations`` of the demo's OpenAI file, tokenized into ``shards`` shards."""
-    from hsx_dagster.core.inputs.tokenization import tokenize_dataset
+    from hsx_dagster.core.inputs import tokenize_dataset
     from hsx_dagster.core.settings import DatasetSettings, ModelSettings
 
     source = next(path for path in demo_inputs() if path.suffix == ".jsonl")

@@ -21,13 +21,11 @@ from pathlib import Path
 from benchmarks.contestants import benchmark_provenance
 from benchmarks.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from benchmarks.models import LAYERS, REPO, pick_samples, repeat_samples
-from hsx_dagster.core.extraction.backbone import load_backbone
-from hsx_dagster.core.extraction.engine import extract_shard
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.layers import resolve_layers
-from hsx_dagster.core.model_info import check_model_dir
+from hsx_dagster.core.extraction import extract_shard, load_backbone
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.model import check_model_dir, resolve_layers
 from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage.shard_store import ShardStore
+from hsx_dagster.core.storage import ShardStore
 
 
 def measure_memory(model_dir: Path, tokenized: Path, samples: int, factor: int, options: ExtractionSettings) -> dict:

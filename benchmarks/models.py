@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from hsx_dagster.core.extraction.batching import plan_batches
-from hsx_dagster.core.layers import resolve_layers
+from hsx_dagster.core.extraction import plan_batches
+from hsx_dagster.core.model import resolve_layers
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
 
 REPO = Path(__file__).resolve().parents[1]

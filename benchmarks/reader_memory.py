@@ -41,8 +41,8 @@ def private_bytes(pid: int | str = "self", fields: tuple[str, ...] = ("Private_D
 
 def build_small_dataset(root: Path) -> Path:
     """Tokenize 200 demo conversations, extract them on the CPU in one shard, assemble: the drafter folder."""
-    from hsx_dagster.core.dataset.assembly import assemble
-    from hsx_dagster.core.extraction.shard_run import run_shard
+    from hsx_dagster.core.dataset import assemble
+    from hsx_dagster.core.extraction import run_shard
     from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH
     from hsx_dagster_tests.helpers import shard_job, tokenize
 
@@ -98,7 +98,7 @@ def child(dataset: Path, contestant: str, workers: int, batch_size: int, read_ev
     import psutil
     import pyarrow
 
-    from hsx_dagster.core.dataset.reader import DrafterDataset
+    from hsx_dagster.core.dataset import DrafterDataset
 
     DrafterDataset(dataset.parent / "drafter")  # warm up: Parquet's and Arrow's own first allocations
     before = private_bytes(fields=("Private_Dirty",))

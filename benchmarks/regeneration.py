@@ -34,8 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend
-from hsx_dagster.core.regenerate.run import regenerate
+from hsx_dagster.core.regenerate import OpenAIBackend, regenerate
 from hsx_dagster.core.settings import RegenerateSettings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
-from hsx_dagster.core.storage.format import STORAGE_DTYPES
+from hsx_dagster.core.storage import STORAGE_DTYPES, iter_shard_samples
 
 REFERENCE = "float32"
 BASELINE = "bfloat16"

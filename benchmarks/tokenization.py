@@ -32,8 +32,7 @@ from unittest import mock
 
 from benchmarks.measure import median, timed
 from benchmarks.models import demo_inputs, demo_model
-from hsx_dagster.core.inputs import tokenization
-from hsx_dagster.core.inputs.tokenization import tokenize_dataset
+from hsx_dagster.core.inputs import tokenization, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ModelSettings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,11 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.export.speculators import export_speculators
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.conversations import Conversation, iter_records
-from hsx_dagster.core.inputs.tokenization import tokenize_dataset
+from hsx_dagster.core.dataset import assemble
+from hsx_dagster.core.export import export_speculators
+from hsx_dagster.core.extraction import ShardJob, run_shard
+from hsx_dagster.core.inputs import Conversation, iter_records, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
 from hsx_dagster_tests.trainers.env import run_script
 

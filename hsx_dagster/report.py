@@ -10,14 +10,11 @@ import argparse
 import json
 import sys
 
-from hsx_dagster.core.dataset.manifest import Manifest
-from hsx_dagster.core.dataset.shard_overview import low_forward_share_note, shard_rows, text_table, total_line
-from hsx_dagster.core.extraction.batch_shape_summary import shape_label
-from hsx_dagster.core.extraction.engine import ExtractionReport
-from hsx_dagster.core.extraction.kernels import KernelUse, describe_kernels
-from hsx_dagster.core.inputs.tokenized import TokenizedSummary
+from hsx_dagster.core.dataset import Manifest, low_forward_share_note, shard_rows, text_table, total_line
+from hsx_dagster.core.extraction import ExtractionReport, KernelUse, describe_kernels, shape_label
+from hsx_dagster.core.inputs import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.core.storage.format import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
+from hsx_dagster.core.storage import COMPLETE_FILE, MANIFEST_FILE, TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
 
 REPORT_COLUMNS = ("shard", "state", "samples", "size", "tokens/s", "forward", "device")  # no instance here

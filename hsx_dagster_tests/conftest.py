@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hsx_dagster.core.inputs.conversations import Conversation, iter_records
+from hsx_dagster.core.inputs import Conversation, iter_records
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
 
 MEMORY_SCRATCH = Path("/dev/shm")

@@ -15,12 +15,11 @@ from typing import Any
 
 import yaml
 
-from hsx_dagster.core.extraction.shard_run import ShardJob
-from hsx_dagster.core.inputs.tokenization import tokenize_dataset
-from hsx_dagster.core.inputs.tokenized import TokenizedSummary
-from hsx_dagster.core.model_info import ModelInfo
+from hsx_dagster.core.extraction import ShardJob
+from hsx_dagster.core.inputs import TokenizedSummary, tokenize_dataset
+from hsx_dagster.core.model import ModelInfo
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
-from hsx_dagster.core.storage.provenance import ChunkLayout, ShardProvenance, StoredLayers
+from hsx_dagster.core.storage import ChunkLayout, ShardProvenance, StoredLayers
 
 _MODEL_KEYS = {"include_final", "trust_remote_code"}
 _JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget"}
@@ -140,8 +139,8 @@ def build_drafter_dataset(
     """Tokenize ``inputs``, extract every shard on the CPU and assemble ``out/drafter``; returns ``out`` (which holds
     ``tokenized/``, ``hidden_states/`` and ``drafter/``, as a settings file's output_dir). ``keys``: `shard_job`'s
     (include_final, storage_dtype, ...)."""
-    from hsx_dagster.core.dataset.assembly import assemble
-    from hsx_dagster.core.extraction.shard_run import run_shard
+    from hsx_dagster.core.dataset import assemble
+    from hsx_dagster.core.extraction import run_shard
 
     tokenize(inputs, model_path, out / "tokenized", shards=len(shards), max_length=1024)
     keys = {"batch_size": 8, "max_batch_tokens": 4096, **keys}

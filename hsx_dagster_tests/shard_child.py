@@ -18,8 +18,7 @@ import transformers.models.auto.modeling_auto
 with contextlib.suppress(ImportError):  # the demo model's architecture, likewise
     import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401
 
-from hsx_dagster.core.extraction.backbone import Backbone, decoder_layers
-from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster.core.extraction import Backbone, decoder_layers, run_shard
 from hsx_dagster.core.storage import atomic, format, shard_store
 from hsx_dagster_tests.helpers import shard_job
 
@@ -113,7 +112,7 @@ def heal_and_kill(folder: Path, tokenized_dir: Path, point: str) -> None:
     """Run the shard checks with healing on ``folder`` (a damaged chunk in it); die part-way through setting the
     chunk aside: ``logged`` (the removal recorded, the file not moved yet) or ``moved`` (the file moved aside, the
     index not rewritten yet)."""
-    from hsx_dagster.core.dataset.shard_checks import check_shard
+    from hsx_dagster.core.dataset import check_shard
     from hsx_dagster.core.storage import chunk_removal
 
     if point == "logged":

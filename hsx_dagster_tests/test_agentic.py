@@ -19,10 +19,18 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hsx_dagster.core.inputs.chat_template import SampleRejected, TemplateMarkers, render
-from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason, iter_records
-from hsx_dagster.core.inputs.tokenized import TokenizedSummary, read_rejects
-from hsx_dagster.core.storage.format import tokenized_shard_file
+from hsx_dagster.core.inputs import (
+    Conversation,
+    Message,
+    RejectReason,
+    SampleRejected,
+    TemplateMarkers,
+    TokenizedSummary,
+    iter_records,
+    read_rejects,
+    render,
+)
+from hsx_dagster.core.storage import tokenized_shard_file
 from hsx_dagster.demo.build import AGENTIC_PATH, AGENTIC_SHAREGPT_PATH
 from hsx_dagster_tests.helpers import tokenize
 from hsx_dagster_tests.sweeps import densities, every_nth

@@ -19,7 +19,7 @@ from dagster import (
 
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.core.storage import read_index
 from hsx_dagster.dagster_internals import StaleStatus, stale_status
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster_tests.helpers import write_settings

@@ -15,21 +15,21 @@ import numpy as np
 import pytest
 import torch
 
-from hsx_dagster.core.choices import parse_auto_or_positive
-from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.batch_shape import (
+from hsx_dagster.core.extraction import (
     BUDGET_FRACTION,
     WINDOW,
+    Backbone,
     BatchShaper,
+    Lap,
+    LengthOrder,
     Shape,
+    plan_batches,
+    run_shard,
     start_shape,
 )
-from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
-from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.extraction.timing import Lap
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.settings import ExtractionSettings, parse_auto_or_positive
+from hsx_dagster.core.storage import SHARD_INDEX_FILE
 from hsx_dagster_tests.helpers import shard_job, write_settings
 from hsx_dagster_tests.test_extraction import job_keys, make_job, reference_states, stored_samples
 
@@ -479,7 +479,7 @@ def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, 
     from dagster import MetadataValue
 
     from hsx_dagster.assets.hidden_states import hidden_states_metadata
-    from hsx_dagster.core.extraction.engine import ExtractionReport
+    from hsx_dagster.core.extraction import ExtractionReport
     from hsx_dagster.report import batch_shape_lines
 
     job = auto_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4))
@@ -512,7 +512,7 @@ def test_an_auto_run_killed_during_the_probe_resumes_without_losing_or_duplicati
     import multiprocessing
     import signal
 
-    from hsx_dagster.core.storage.shard_store import read_index
+    from hsx_dagster.core.storage import read_index
     from hsx_dagster_tests import shard_child
 
     out = tmp_path / "shard-00"

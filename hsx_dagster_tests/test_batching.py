@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hsx_dagster.core.extraction.batching import LengthOrder, padding_efficiency, plan_batches
+from hsx_dagster.core.extraction import LengthOrder, padding_efficiency, plan_batches
 
 
 def test_batches_respect_both_budgets_and_cover_every_sample_once():

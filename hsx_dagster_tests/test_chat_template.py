@@ -8,14 +8,16 @@ documented rules (Qwen3: earlier reasoning dropped, newlines normalised; Llama 3
 import numpy as np
 import pytest
 
-from hsx_dagster.core.inputs.chat_template import (
+from hsx_dagster.core.inputs import (
+    Conversation,
+    Message,
+    RejectReason,
     SampleRejected,
     TemplateError,
     TemplateMarkers,
     render,
     tokenize_rendered,
 )
-from hsx_dagster.core.inputs.conversations import Conversation, Message, RejectReason
 from hsx_dagster_tests.sweeps import densities
 
 
@@ -99,7 +101,7 @@ def test_llama3_template_mask_exact_on_the_demo_samples(demo_conversations, llam
     if thinking == "strip":
 
         def expected(messages, _):
-            from hsx_dagster.core.inputs.chat_template import strip_reasoning
+            from hsx_dagster.core.inputs import strip_reasoning
 
             return [strip_reasoning(m.content).strip() + "<|eot_id|>" for m in messages if m.role == "assistant"]
 

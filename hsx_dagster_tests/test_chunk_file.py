@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from hsx_dagster.core.storage.chunk_file import ChunkTensor, chunk_header, write_chunk
+from hsx_dagster.core.storage import ChunkTensor, chunk_header, write_chunk
 
 METADATA = {"format": "hsx-hidden-states", "shard": "shard-00", "storage_dtype": "bfloat16", "zeta": "ü", "alpha": "1"}
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hsx_dagster.core.inputs.conversations import (
+from hsx_dagster.core.inputs import (
     Conversation,
     InputFileError,
     Message,

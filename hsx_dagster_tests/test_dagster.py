@@ -13,7 +13,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, instance_for_test
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
-from hsx_dagster.core.inputs.tokenized import TokenizedSummary
+from hsx_dagster.core.inputs import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.dagster_internals import pool_limits
 from hsx_dagster.definitions import build_definitions

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from hsx_dagster.core.extraction import devices
-from hsx_dagster.core.extraction.devices import (
+from hsx_dagster.core.extraction import (
     DeviceBusyError,
     DeviceClaimError,
     candidate_devices,
     claim_device,
     claim_scheduled_device,
+    devices,
     physical_gpu_id,
 )
 

@@ -6,9 +6,14 @@ import sys
 
 import pytest
 
-from hsx_dagster.core.extraction.disk_reservations import RESERVATIONS_DIR, pending_writes, reserve
-from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.extraction.size_estimate import InsufficientDiskError, check_free_disk
+from hsx_dagster.core.extraction import (
+    RESERVATIONS_DIR,
+    InsufficientDiskError,
+    check_free_disk,
+    pending_writes,
+    reserve,
+    run_shard,
+)
 from hsx_dagster_tests.helpers import shard_job
 
 

@@ -13,10 +13,16 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hsx_dagster import DrafterDataset, collate_drafter_batch
-from hsx_dagster.core.dataset.assembly import assemble, split_of
-from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics, check_parity
-from hsx_dagster.core.dataset.reader import DatasetError
-from hsx_dagster.core.storage.format import SHARD_INDEX_FILE as SHARD_INDEX
+from hsx_dagster.core.dataset import (
+    DatasetError,
+    assemble,
+    check_coverage,
+    check_integrity,
+    check_numerics,
+    check_parity,
+    split_of,
+)
+from hsx_dagster.core.storage import SHARD_INDEX_FILE as SHARD_INDEX
 from hsx_dagster_tests.helpers import build_drafter_dataset
 from hsx_dagster_tests.sweeps import sweep
 
@@ -102,9 +108,8 @@ def test_splits_are_a_function_of_the_sample_id(dataset_root):
 def test_the_index_equals_the_one_built_sample_by_sample(dataset_root):
     """The index assembled from numpy columns (flat memory) holds exactly the rows the per-sample Python loop it
     replaced made: every committed sample of every chunk, at its position, with its token counts and split."""
-    from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-    from hsx_dagster.core.storage.format import DRAFTER_INDEX_SCHEMA
-    from hsx_dagster.core.storage.shard_store import read_index
+    from hsx_dagster.core.inputs import read_tokenized_shard
+    from hsx_dagster.core.storage import DRAFTER_INDEX_SCHEMA, read_index
 
     manifest = json.loads((dataset_root / "drafter" / "manifest.json").read_text())
     rows: dict[str, list] = {name: [] for name in DRAFTER_INDEX_SCHEMA.names}
@@ -232,7 +237,7 @@ def test_coverage_reads_no_chunk_the_shard_checks_verified_and_still_places_ever
     import os
     import time
 
-    from hsx_dagster.core.dataset.shard_checks import check_shard
+    from hsx_dagster.core.dataset import check_shard
 
     stamp = time.time_ns() - 60 * 10**9  # chunks written a while before their checks
     for shard in SHARDS:

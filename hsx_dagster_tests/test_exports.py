@@ -17,14 +17,21 @@ from safetensors.torch import load_file
 
 from hsx_dagster import DrafterDataset
 from hsx_dagster.assets.exports import specforge_dataset, speculators_dataset
-from hsx_dagster.core.export import file_pool, row_groups
+from hsx_dagster.core.export import (
+    ARROW_FILE,
+    ExportError,
+    export_specforge,
+    export_speculators,
+    file_pool,
+    row_groups,
+    sample_file,
+    specforge_mapping,
+    speculators_mapping,
+)
 from hsx_dagster.core.export import specforge as specforge_module
 from hsx_dagster.core.export import speculators as speculators_module
-from hsx_dagster.core.export.mapping import ExportError, specforge_mapping, speculators_mapping
-from hsx_dagster.core.export.specforge import export_specforge, sample_file
-from hsx_dagster.core.export.speculators import ARROW_FILE, export_speculators
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.layers import resolve_layers
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.model import resolve_layers
 from hsx_dagster.resources import HsxSettings
 from hsx_dagster_tests.helpers import build_drafter_dataset, write_settings
 

@@ -12,12 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
-from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
-from hsx_dagster.core.storage.shard_store import StoreError
+from hsx_dagster.core.extraction import Backbone, ShardJob, run_shard
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.storage import SHARD_INDEX_FILE, StoreError, iter_shard_samples
 from hsx_dagster_tests.helpers import provenance_of, shard_job
 from hsx_dagster_tests.sweeps import sweep
 
@@ -243,7 +240,7 @@ def test_leftovers_of_a_crash_are_cleaned_and_redone(tokenized, dense_model_dir,
 
 
 def test_two_runs_of_one_shard_never_both_write(tokenized, demo_model_dir, tmp_path):
-    from hsx_dagster.core.storage.shard_store import ShardStore
+    from hsx_dagster.core.storage import ShardStore
 
     made = provenance_of(tmp_path / "out")
     with ShardStore(tmp_path / "out", made), pytest.raises(StoreError, match="being written by another run"):
@@ -254,7 +251,7 @@ def test_two_runs_of_one_shard_never_both_write(tokenized, demo_model_dir, tmp_p
 def test_flash_attention_without_the_package_is_a_clear_error(tokenized, demo_model_dir, tmp_path):
     import importlib.util
 
-    from hsx_dagster.core.extraction.backbone import BackboneError
+    from hsx_dagster.core.extraction import BackboneError
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash-attn is installed here")

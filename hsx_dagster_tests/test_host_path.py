@@ -19,15 +19,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from hsx_dagster.core.dataset.shard_checks import check_shard
-from hsx_dagster.core.extraction import host_share
-from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.host_share import HostShare, usable_cores
-from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.storage.chunk_checks import LayerStatistics
-from hsx_dagster.core.storage.format import COMPLETE_FILE, SHARD_INDEX_FILE, VERIFIED_FILE
-from hsx_dagster.core.storage.provenance import ShardProvenance
-from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.core.dataset import check_shard
+from hsx_dagster.core.extraction import Backbone, HostShare, host_share, run_shard, usable_cores
+from hsx_dagster.core.storage import (
+    COMPLETE_FILE,
+    SHARD_INDEX_FILE,
+    VERIFIED_FILE,
+    LayerStatistics,
+    ShardProvenance,
+    read_index,
+)
 from hsx_dagster_tests.helpers import batch_bytes, shard_job
 
 LAYERS = (1, 3)

@@ -13,16 +13,18 @@ import json
 import pytest
 import torch
 
-from hsx_dagster.core.extraction.backbone import load_backbone, load_text_decoder, text_model_class
-from hsx_dagster.core.extraction.kernels import (
+from hsx_dagster.core.extraction import (
     INSTALL_HINT,
     describe_kernels,
     fast_kernel_warning,
     kernel_packages_found,
     kernels_in_use,
+    load_backbone,
+    load_text_decoder,
+    run_shard,
+    text_model_class,
 )
-from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.model_info import check_model_dir
+from hsx_dagster.core.model import check_model_dir
 from hsx_dagster_tests.test_extraction import make_job
 
 PYTORCH_PATH = "PyTorch reference path"

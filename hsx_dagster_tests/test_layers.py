@@ -1,6 +1,6 @@
 import pytest
 
-from hsx_dagster.core.layers import LayerSpecError, dflash_layers, parse_layer_spec, resolve_layers
+from hsx_dagster.core.model import LayerSpecError, dflash_layers, parse_layer_spec, resolve_layers
 
 
 def test_eagle3_preset_low_middle_high():

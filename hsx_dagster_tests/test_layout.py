@@ -3,6 +3,7 @@ them (storage, then inputs, extraction, and dataset / regenerate / export on top
 (`from hsx_dagster import DrafterDataset`) loads the reader alone, refusing data it cannot read."""
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from hsx_dagster import DrafterDataset
-from hsx_dagster.core.dataset.reader import DatasetError
-from hsx_dagster.core.storage.format import DRAFTER_FORMAT, DRAFTER_VERSION, MANIFEST_FILE
+from hsx_dagster.core.dataset import DatasetError
+from hsx_dagster.core.storage import DRAFTER_FORMAT, DRAFTER_VERSION, MANIFEST_FILE
 from hsx_dagster_tests.code_size import in_progress, oversized
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hsx_dagster"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "hsx_dagster"
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -39,10 +41,19 @@ def test_nothing_under_the_core_imports_dagster():
     assert len(offenders) > 20  # the walk found the core's modules
 
 
-# Each core subpackage imports only those of a lower rank (and the core's top-level modules: settings, layers,
-# model_info, choices, ...): storage knows no inputs, inputs no extraction, extraction no dataset, and the three
-# on top never each other.
-CORE_RANKS = {"storage": 0, "inputs": 1, "extraction": 2, "dataset": 3, "regenerate": 3, "export": 4}
+# Each core subpackage imports only those of a lower rank (and the core's loose modules: units, shard keys, ...):
+# the model facts know no settings, the settings no storage, storage no inputs, inputs no extraction, extraction
+# no dataset, and the three on top never each other.
+CORE_RANKS = {
+    "model": 0,
+    "settings": 1,
+    "storage": 2,
+    "inputs": 3,
+    "extraction": 4,
+    "dataset": 5,
+    "regenerate": 5,
+    "export": 6,
+}
 
 
 def test_core_subpackages_import_only_those_below_them():
@@ -57,6 +68,47 @@ def test_core_subpackages_import_only_those_below_them():
                     upward.append(f"{path.relative_to(PACKAGE)} imports {module}")
     assert upward == []
     assert len(subpackages) >= 5  # the walk found storage, inputs, extraction, dataset, regenerate
+
+
+@pytest.mark.parametrize("name", sorted(CORE_RANKS))
+def test_each_core_subpackage_declares_its_public_api_and_every_name_resolves(name):
+    package = importlib.import_module(f"hsx_dagster.core.{name}")
+    declared = {export: module for module, names in package.EXPORTS.items() for export in names}
+    assert sorted(package.__all__) == sorted(declared)
+    # what mypy sees (the TYPE_CHECKING imports) is what runs (EXPORTS)
+    typed = {
+        alias.asname or alias.name: node.module.rsplit(".", 1)[-1]
+        for node in ast.walk(ast.parse((PACKAGE / "core" / name / "__init__.py").read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"hsx_dagster.core.{name}.")
+        for alias in node.names
+    }
+    assert typed == declared
+    for export, module in declared.items():
+        assert getattr(package, export) is getattr(importlib.import_module(f"{package.__name__}.{module}"), export)
+
+
+def test_at_most_six_modules_sit_loose_at_the_top_of_the_core():
+    loose = sorted(path.stem for path in (PACKAGE / "core").glob("*.py") if path.stem != "__init__")
+    assert 0 < len(loose) <= 6, loose
+
+
+def outside_the_core() -> list[Path]:
+    return [
+        path
+        for path in sorted(PACKAGE.rglob("*.py")) + sorted((REPO / "benchmarks").rglob("*.py"))
+        if path.relative_to(PACKAGE if path.is_relative_to(PACKAGE) else REPO).parts[0] != "core"
+    ]
+
+
+def test_outside_the_core_code_imports_only_the_subpackages_public_api():
+    past = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in outside_the_core()
+        for module in imported_modules(path)
+        if module.startswith("hsx_dagster.core.") and module.split(".")[2] in CORE_RANKS and module.count(".") > 2
+    ]
+    assert past == []
+    assert len(outside_the_core()) > 30  # the walk found the Dagster layer and the benchmarks
 
 
 def test_no_module_over_450_lines_and_no_function_over_80_without_a_reason():

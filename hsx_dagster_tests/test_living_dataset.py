@@ -10,14 +10,11 @@ from dagster import AssetKey, instance_for_test, materialize
 from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import check_coverage
-from hsx_dagster.core.dataset.reader import DrafterDataset
-from hsx_dagster.core.dataset.shard_checks import check_shard
-from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
+from hsx_dagster.core.dataset import DrafterDataset, assemble, check_coverage, check_shard
+from hsx_dagster.core.extraction import run_shard
+from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.core.storage import read_index
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GpuResource, HsxSettings
 from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings

@@ -21,20 +21,20 @@ import pytest
 import torch
 
 from hsx_dagster import DrafterDataset
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import check_parity
-from hsx_dagster.core.extraction.backbone import (
+from hsx_dagster.core.dataset import assemble, check_parity
+from hsx_dagster.core.extraction import (
     BackboneError,
+    ShardJob,
+    ShardResult,
     attention_support,
     decoder_layers,
     resolve_attn_implementation,
+    run_shard,
 )
-from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
-from hsx_dagster.core.inputs.tokenization import tokenize_dataset
-from hsx_dagster.core.model_info import text_weights_prefix, weight_names
+from hsx_dagster.core.inputs import tokenize_dataset
+from hsx_dagster.core.model import AttentionFlags, text_weights_prefix, weight_names
 from hsx_dagster.core.settings import Settings, load_settings
-from hsx_dagster.core.storage.format import SHARD_FILE
-from hsx_dagster.core.transformers_internals import AttentionFlags
+from hsx_dagster.core.storage import SHARD_FILE
 from hsx_dagster_tests.helpers import write_settings as write_settings_file
 from hsx_dagster_tests.release_checkpoints import FAMILIES, build_release, checkpoint_parameters
 from hsx_dagster_tests.sweeps import sweep

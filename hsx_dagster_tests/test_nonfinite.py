@@ -7,15 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import check_coverage
-from hsx_dagster.core.extraction.backbone import Backbone
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
-from hsx_dagster.core.storage.chunk_writer import NonFiniteStatesError
-from hsx_dagster.core.storage.format import DRAFTER_QUARANTINE_FILE
-from hsx_dagster.core.storage.shard_store import read_quarantine
+from hsx_dagster.core.dataset import assemble, check_coverage
+from hsx_dagster.core.extraction import Backbone, ShardJob, run_shard
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.storage import DRAFTER_QUARANTINE_FILE, NonFiniteStatesError, iter_shard_samples, read_quarantine
 from hsx_dagster_tests.helpers import shard_job
 from hsx_dagster_tests.sweeps import sweep
 

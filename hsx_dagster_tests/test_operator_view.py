@@ -15,9 +15,8 @@ import hsx_dagster.assets.hidden_states as hidden_states_asset
 from benchmarks.progress_eta import shard_updates
 from hsx_dagster.assets.hidden_states import build_hidden_states
 from hsx_dagster.assets.tokenized import tokenized_dataset
-from hsx_dagster.core.dataset.shard_overview import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
-from hsx_dagster.core.extraction.batching import LengthOrder, plan_batches
-from hsx_dagster.core.extraction.progress import BatchCostModel, Progress
+from hsx_dagster.core.dataset import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
+from hsx_dagster.core.extraction import BatchCostModel, LengthOrder, Progress, plan_batches
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.units import (
     format_bytes,

@@ -27,12 +27,10 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.reader import DrafterDataset
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
+from hsx_dagster.core.dataset import DrafterDataset, assemble
+from hsx_dagster.core.extraction import ShardJob, run_shard
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.core.storage.format import COMPLETE_FILE, SHARD_INDEX_FILE
-from hsx_dagster.core.storage.shard_records import read_index
+from hsx_dagster.core.storage import COMPLETE_FILE, SHARD_INDEX_FILE, read_index
 from hsx_dagster_tests.helpers import write_settings
 from hsx_dagster_tests.ray_cluster import MARK, RayCluster, kill_marked
 from hsx_dagster_tests.test_postgres import postgres  # noqa: F401 (the throwaway PostgreSQL server fixture)

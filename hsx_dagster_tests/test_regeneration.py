@@ -24,23 +24,26 @@ from hsx_dagster.assets.regenerated import (
     regenerated_conversations_complete,
 )
 from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
-from hsx_dagster.core.inputs.conversations import Reject
-from hsx_dagster.core.inputs.tokenized import TokenizedSummary
-from hsx_dagster.core.regenerate.checks import check_regenerated
-from hsx_dagster.core.regenerate.local_backend import LocalBackend
-from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend
-from hsx_dagster.core.regenerate.run import RegenerationError, regenerate
-from hsx_dagster.core.regenerate.store import COMMITS_FILE, RegenStore, part_file, read_jsonl
-from hsx_dagster.core.regenerate.turns import (
+from hsx_dagster.core.inputs import Reject, TokenizedSummary
+from hsx_dagster.core.regenerate import (
+    COMMITS_FILE,
     ConversationJob,
     FailureReason,
     Generated,
+    LocalBackend,
+    OpenAIBackend,
+    RegenerationError,
+    RegenStore,
     SourceConversation,
+    check_regenerated,
     iter_inputs,
+    part_file,
+    read_jsonl,
+    regenerate,
     split_reasoning,
 )
 from hsx_dagster.core.settings import ExtractionSettings, RegenerateSettings, SettingsError, load_settings
-from hsx_dagster.core.storage.atomic import StoreError
+from hsx_dagster.core.storage import StoreError
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.partitions import shard_partitions
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
@@ -51,7 +54,7 @@ SAMPLING = {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0, "chat
 
 
 def source(messages, tools=None, index=0) -> SourceConversation:
-    from hsx_dagster.core.regenerate.turns import conversation_id
+    from hsx_dagster.core.regenerate import conversation_id
 
     return SourceConversation(conversation_id(messages, tools), "in.jsonl", index, f"line {index + 1}",
                               tuple(messages), tuple(tools) if tools else None)  # fmt: skip

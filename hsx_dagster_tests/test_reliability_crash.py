@@ -21,19 +21,20 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core.dataset.shard_checks import check_shard
-from hsx_dagster.core.extraction.shard_run import run_shard
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.storage import atomic as atomic_module
-from hsx_dagster.core.storage.format import (
+from hsx_dagster.core.dataset import check_shard
+from hsx_dagster.core.extraction import run_shard
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.storage import (
     COMPLETE_FILE,
     LOCK_FILE,
     SET_ASIDE_DIR,
     SHARD_FILE,
     SHARD_INDEX_FILE,
     SPLIT_BATCHES_FILE,
+    StoreError,
+    read_index,
 )
-from hsx_dagster.core.storage.shard_store import StoreError, read_index
+from hsx_dagster.core.storage import atomic as atomic_module
 from hsx_dagster_tests import shard_child
 from hsx_dagster_tests.helpers import shard_job, tokenize
 

@@ -15,11 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from hsx_dagster.core.inputs import tokenization
-from hsx_dagster.core.inputs.chat_template import TemplateError
-from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
-from hsx_dagster.core.inputs.tokenized import TokenizedDataError, read_rejects, read_tokenized_shard
-from hsx_dagster.core.settings import SettingsError, check_shard_key, load_settings
+from hsx_dagster.core.inputs import (
+    InputFileError,
+    RejectReason,
+    TemplateError,
+    TokenizedDataError,
+    read_rejects,
+    read_tokenized_shard,
+    tokenization,
+)
+from hsx_dagster.core.settings import SettingsError, load_settings
+from hsx_dagster.core.shard_keys import check_shard_key
 from hsx_dagster_tests.helpers import tokenize
 
 CORPUS = Path(__file__).parent / "data" / "bad_inputs"
@@ -218,7 +224,7 @@ def test_sharded_checkpoint_missing_a_weight_file_is_named(project):
     ):
         load_settings(project / "hsx.yaml")
 
-    from hsx_dagster.core.model_info import ModelDirError, check_model_dir
+    from hsx_dagster.core.model import ModelDirError, check_model_dir
 
     with pytest.raises(ModelDirError, match="lacks weight files its index names: model-00002-of-00002"):
         check_model_dir(model)  # what a shard run checks before loading the model

@@ -19,13 +19,10 @@ import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
 from hsx_dagster import DrafterDataset
-from hsx_dagster.core.dataset.assembly import AssemblyError, assemble
-from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
-from hsx_dagster.core.dataset.reader import DatasetError
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.inputs.tokenized import TokenizedDataError, TokenizedSummary
-from hsx_dagster.core.storage.format import SHARD_INDEX_FILE
-from hsx_dagster.core.storage.shard_store import StoreError, read_index
+from hsx_dagster.core.dataset import AssemblyError, DatasetError, assemble, check_coverage, check_integrity
+from hsx_dagster.core.extraction import ShardJob, run_shard
+from hsx_dagster.core.inputs import TokenizedDataError, TokenizedSummary
+from hsx_dagster.core.storage import SHARD_INDEX_FILE, StoreError, read_index
 from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 LAYERS = (1, 3)
@@ -144,8 +141,8 @@ def test_masks_changed_under_the_same_ids_are_refused(few_inputs, demo_model_dir
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hsx_dagster.core.dataset.assembly import shard_status
-    from hsx_dagster.core.storage.format import tokenized_shard_file
+    from hsx_dagster.core.dataset import shard_status
+    from hsx_dagster.core.storage import tokenized_shard_file
 
     tokenize_into(tmp_path, few_inputs, demo_model_dir, shards=1)
     run_shard(job(tmp_path, "shard-00", demo_model_dir))
@@ -168,9 +165,9 @@ def test_the_shard_table_reads_summaries_not_tokenized_ids(few_inputs, demo_mode
     however many samples the shards hold. A summary without digests (tokenized before) is still read right."""
     import pyarrow.parquet as pq
 
-    from hsx_dagster.core.dataset.shard_overview import shard_rows
-    from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
-    from hsx_dagster.core.storage.format import TOKENIZED_SUMMARY_FILE
+    from hsx_dagster.core.dataset import shard_rows
+    from hsx_dagster.core.inputs import read_tokenized_shard, tokenized_digest
+    from hsx_dagster.core.storage import TOKENIZED_SUMMARY_FILE
 
     summary = tokenize_into(tmp_path, few_inputs, demo_model_dir, shards=2)
     for load in summary.shards:  # the digest a shard run records, of the file as written

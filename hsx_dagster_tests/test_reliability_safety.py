@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from hsx_dagster import DrafterDataset, collate_drafter_batch
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import check_coverage, check_integrity
-from hsx_dagster.core.extraction.shard_run import run_shard
+from hsx_dagster.core.dataset import assemble, check_coverage, check_integrity
+from hsx_dagster.core.extraction import run_shard
 from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,7 +127,7 @@ def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
 
     from hsx_dagster.assets.hidden_states import build_hidden_states
     from hsx_dagster.assets.tokenized import tokenized_dataset
-    from hsx_dagster.core.dataset.checks import check_parity
+    from hsx_dagster.core.dataset import check_parity
     from hsx_dagster.core.settings import load_settings
     from hsx_dagster.partitions import shard_partitions
     from hsx_dagster.resources import GpuResource, HsxSettings

@@ -10,12 +10,12 @@ import torch
 import transformers
 
 from hsx_dagster import dagster_internals
-from hsx_dagster.core import transformers_internals
-from hsx_dagster.core.transformers_internals import (
+from hsx_dagster.core.model import (
     AttentionFlags,
     attn_implementation_in_use,
     kernel_fallbacks,
     package_distribution,
+    transformers_internals,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from hsx_dagster.core import settings_reference
-from hsx_dagster.core.settings import SettingsError, load_settings, shard_keys
+from hsx_dagster.core.settings import SettingsError, load_settings
+from hsx_dagster.core.settings import reference as settings_reference
+from hsx_dagster.core.shard_keys import shard_keys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +136,7 @@ def test_the_reference_table_in_the_docs_is_generated_from_the_declarations():
     """Each setting is declared once (type, default, description); docs/configuration.md shows that declaration."""
     text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert settings_reference.with_table(text) == text, (
-        "docs/configuration.md's settings table differs from hsx_dagster/core/settings.py: "
+        "docs/configuration.md's settings table differs from hsx_dagster/core/settings/schema.py: "
         f"run `{settings_reference.COMMAND}`"
     )
     keys = [key for key, _, _ in settings_reference.rows()]

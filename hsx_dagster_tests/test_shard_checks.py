@@ -22,15 +22,15 @@ from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.assets.drafter import drafter_dataset
 from hsx_dagster.assets.shard_checks import SHARD_CHECKS
 from hsx_dagster.assets.tokenized import tokenized_dataset
-from hsx_dagster.core.dataset.reader import DrafterDataset
-from hsx_dagster.core.dataset.shard_checks import (
+from hsx_dagster.core.dataset import (
+    DrafterDataset,
     check_shard,
     check_shard_coverage,
     check_shard_integrity,
     check_shard_numerics,
 )
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.core.storage.shard_store import read_index
+from hsx_dagster.core.storage import read_index
 from hsx_dagster.dagster_internals import backfill_partitions
 from hsx_dagster.definitions import build_definitions
 from hsx_dagster.resources import HsxSettings

@@ -1,6 +1,6 @@
 import numpy as np
 
-from hsx_dagster.core.inputs.sharding import assign_shards, imbalance, shard_loads
+from hsx_dagster.core.inputs import assign_shards, imbalance, shard_loads
 
 
 def test_long_tailed_lengths_balance_within_a_percent():

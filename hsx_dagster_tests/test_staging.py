@@ -10,10 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hsx_dagster.core.storage.chunk_writer import MIN_HOST_BYTES, ChunkWriter
-from hsx_dagster.core.storage.provenance import ChunkLayout, StoredLayers
-from hsx_dagster.core.storage.shard_store import ShardStore, read_index
-from hsx_dagster.core.storage.staging import RowSpec, StagingRing
+from hsx_dagster.core.storage import (
+    MIN_HOST_BYTES,
+    ChunkLayout,
+    ChunkWriter,
+    RowSpec,
+    ShardStore,
+    StagingRing,
+    StoredLayers,
+    read_index,
+)
 from hsx_dagster_tests.helpers import provenance_of
 
 SPECS = {"x": RowSpec((2,), torch.int32), "flag": RowSpec((), torch.bool)}

@@ -8,19 +8,36 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import check_coverage, check_integrity, check_numerics, check_parity
-from hsx_dagster.core.dataset.reader import DrafterDataset, collate_drafter_batch
+from hsx_dagster.core.dataset import (
+    DrafterDataset,
+    assemble,
+    check_coverage,
+    check_integrity,
+    check_numerics,
+    check_parity,
+    collate_drafter_batch,
+)
+from hsx_dagster.core.extraction import (
+    InsufficientDiskError,
+    ShardJob,
+    StoredShape,
+    estimate_bytes,
+    run_shard,
+    size_estimate,
+)
 from hsx_dagster.core.extraction import shard_run as shard_run_module
-from hsx_dagster.core.extraction import size_estimate
-from hsx_dagster.core.extraction.shard_run import ShardJob, run_shard
-from hsx_dagster.core.extraction.size_estimate import InsufficientDiskError, StoredShape, estimate_bytes
-from hsx_dagster.core.inputs.tokenized import read_tokenized_shard
-from hsx_dagster.core.model_info import ModelInfo
-from hsx_dagster.core.storage.chunk_reader import iter_shard_samples
-from hsx_dagster.core.storage.format import STORAGE_DTYPES
-from hsx_dagster.core.storage.quantization import FP8_DTYPE, FP8_MAX, block_size_for, dequantize, quantize
-from hsx_dagster.core.storage.shard_store import StoreError
+from hsx_dagster.core.inputs import read_tokenized_shard
+from hsx_dagster.core.model import ModelInfo
+from hsx_dagster.core.storage import (
+    FP8_DTYPE,
+    FP8_MAX,
+    STORAGE_DTYPES,
+    StoreError,
+    block_size_for,
+    dequantize,
+    iter_shard_samples,
+    quantize,
+)
 from hsx_dagster_tests.helpers import shard_job
 from hsx_dagster_tests.sweeps import sweep
 

@@ -5,11 +5,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsx_dagster.core.inputs import tokenization, workers
-from hsx_dagster.core.inputs.chat_template import TemplateError
-from hsx_dagster.core.inputs.conversations import InputFileError, RejectReason
-from hsx_dagster.core.inputs.tokenized import TokenizedSummary, read_rejects, read_tokenized_shard
-from hsx_dagster.core.storage.format import SAMPLE_SCHEMA
+from hsx_dagster.core.inputs import (
+    InputFileError,
+    RejectReason,
+    TemplateError,
+    TokenizedSummary,
+    read_rejects,
+    read_tokenized_shard,
+    tokenization,
+    workers,
+)
+from hsx_dagster.core.storage import SAMPLE_SCHEMA
 from hsx_dagster_tests.helpers import tokenize
 
 

@@ -21,14 +21,14 @@ from dagster import (
 from hsx_dagster.asset_keys import DRAFTER_DATASET, HIDDEN_STATES, INPUTS
 from hsx_dagster.automation import drafter_condition
 from hsx_dagster.checks import arrow_column_schema, check_result
-from hsx_dagster.core.dataset.assembly import assemble
-from hsx_dagster.core.dataset.checks import (
+from hsx_dagster.core.dataset import (
+    assemble,
     check_coverage,
     check_integrity,
     check_numerics,
     check_parity_on_claimed_device,
 )
-from hsx_dagster.core.storage.format import DRAFTER_INDEX_SCHEMA, DRAFTER_QUARANTINE_SCHEMA
+from hsx_dagster.core.storage import DRAFTER_INDEX_SCHEMA, DRAFTER_QUARANTINE_SCHEMA
 from hsx_dagster.core.units import format_bytes, format_count
 from hsx_dagster.resources import GpuResource, HsxSettings
 

@@ -8,9 +8,7 @@ fails before writing anything, naming the setting to change.
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from hsx_dagster.asset_keys import DRAFTER_DATASET, SPECFORGE_DATASET, SPECULATORS_DATASET, TOKENIZED_DATASET
-from hsx_dagster.core.export.mapping import LayerMapping
-from hsx_dagster.core.export.specforge import export_specforge
-from hsx_dagster.core.export.speculators import export_speculators
+from hsx_dagster.core.export import LayerMapping, export_specforge, export_speculators
 from hsx_dagster.core.units import format_bytes, format_count
 from hsx_dagster.resources import HsxSettings
 

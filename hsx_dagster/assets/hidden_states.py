@@ -21,7 +21,7 @@ from dagster import (
 
 from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import table_value
-from hsx_dagster.core.dataset.shard_overview import (
+from hsx_dagster.core.dataset import (
     SPEED_COLUMNS,
     STATE_COLUMNS,
     ShardRow,
@@ -29,9 +29,7 @@ from hsx_dagster.core.dataset.shard_overview import (
     markdown_table,
     total_line,
 )
-from hsx_dagster.core.extraction.batch_shape_summary import probe_table_markdown, shape_label
-from hsx_dagster.core.extraction.progress import Progress
-from hsx_dagster.core.extraction.shard_run import ShardJob, ShardResult, run_shard
+from hsx_dagster.core.extraction import Progress, ShardJob, ShardResult, probe_table_markdown, run_shard, shape_label
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 from hsx_dagster.pools import GPU_POOL
 from hsx_dagster.resources import GpuResource, HsxSettings

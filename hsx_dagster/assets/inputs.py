@@ -25,7 +25,7 @@ from dagster import (
 from hsx_dagster.asset_keys import CONVERSATIONS, TARGET_MODEL
 from hsx_dagster.checks import table_value
 from hsx_dagster.core.fingerprints import CACHE_FILE, files_version, fingerprint_files, model_version
-from hsx_dagster.core.model_info import weight_files
+from hsx_dagster.core.model import weight_files
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.core.units import format_bytes
 

@@ -18,9 +18,7 @@ from dagster import (
 
 from hsx_dagster.asset_keys import INPUTS, REGENERATED_CONVERSATIONS, TOKENIZED_DATASET
 from hsx_dagster.checks import check_result
-from hsx_dagster.core.regenerate.backends import build_backend
-from hsx_dagster.core.regenerate.checks import check_regenerated
-from hsx_dagster.core.regenerate.run import regenerate
+from hsx_dagster.core.regenerate import build_backend, check_regenerated, regenerate
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.core.units import format_duration
 from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings

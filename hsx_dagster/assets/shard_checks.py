@@ -20,8 +20,8 @@ from dagster import (
 from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.checks import check_result
 from hsx_dagster.core.check_outcome import CheckOutcome
-from hsx_dagster.core.dataset.shard_checks import check_shard
-from hsx_dagster.core.storage.format import COMPLETE_FILE
+from hsx_dagster.core.dataset import check_shard
+from hsx_dagster.core.storage import COMPLETE_FILE
 from hsx_dagster.core.units import format_bytes, format_duration, format_share
 from hsx_dagster.resources import HsxSettings
 

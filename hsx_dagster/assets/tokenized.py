@@ -21,14 +21,18 @@ from pydantic import create_model
 
 from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
 from hsx_dagster.checks import arrow_column_schema, check_result, table_value
-from hsx_dagster.core.extraction.size_estimate import StoredShape, estimate_by_dtype
-from hsx_dagster.core.inputs.checks import check_tokenized
-from hsx_dagster.core.inputs.tokenization import tokenize_dataset
-from hsx_dagster.core.inputs.tokenized import LengthBucket, ShardLoad, TokenizedSummary, read_tokenized_shard
-from hsx_dagster.core.regenerate.store import regenerated_input
+from hsx_dagster.core.extraction import StoredShape, estimate_by_dtype
+from hsx_dagster.core.inputs import (
+    LengthBucket,
+    ShardLoad,
+    TokenizedSummary,
+    check_tokenized,
+    read_tokenized_shard,
+    tokenize_dataset,
+)
+from hsx_dagster.core.regenerate import regenerated_input
 from hsx_dagster.core.settings import DatasetSettings, Settings
-from hsx_dagster.core.storage.format import REJECT_SCHEMA, SAMPLE_SCHEMA
-from hsx_dagster.core.storage.shard_membership import shard_work
+from hsx_dagster.core.storage import REJECT_SCHEMA, SAMPLE_SCHEMA, shard_work
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
 from hsx_dagster.pools import prepare_pool
 from hsx_dagster.resources import HsxSettings, resource_fields, validated

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hsx_dagster.core.model_info import ModelInfo
+from hsx_dagster.core.model.info import ModelInfo
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.core.storage.files import file_sha256
 from hsx_dagster.core.storage.format import DRAFTER_VERSION, HIDDEN_STATES_VERSION, TOKENIZED_VERSION

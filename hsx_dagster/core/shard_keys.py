@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from hsx_dagster.core.settings.errors import SettingsError
+
 SHARD_KEY = re.compile(r"shard-\d{2,}")
 
 
@@ -16,8 +18,6 @@ def shard_keys(count: int) -> list[str]:
 
 def check_shard_key(key: str) -> str:
     """Shard keys name files and folders under output_dir: anything but shard-NN could escape it."""
-    from hsx_dagster.core.settings import SettingsError  # the settings' error: callers catch it as such
-
     if not isinstance(key, str) or not SHARD_KEY.fullmatch(key):
         raise SettingsError(
             f"{key!r} is not a shard key (shard-00, shard-01, ...); shard keys name folders under output_dir"

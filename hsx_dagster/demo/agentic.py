@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
+from hsx_dagster.core.inputs import THINK_CLOSE, THINK_OPEN
 from hsx_dagster.demo.conversations import SYSTEM_RATE
 from hsx_dagster.demo.text import TextGenerator
 from hsx_dagster.demo.words import plural

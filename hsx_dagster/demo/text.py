@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import random
 
-from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
+from hsx_dagster.core.inputs import THINK_CLOSE, THINK_OPEN
 from hsx_dagster.demo.words import (
     ADJECTIVES,
     ADVERBS,

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
+from hsx_dagster.core.inputs import THINK_CLOSE, THINK_OPEN
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

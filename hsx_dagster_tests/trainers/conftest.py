@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hsx_dagster.core.export.speculators import export_speculators
+from hsx_dagster.core.export import export_speculators
 from hsx_dagster_tests.helpers import build_drafter_dataset
 
 LAYERS = [1, 3, 4, 7]  # model.layers: speculators for the demo model (8 layers)

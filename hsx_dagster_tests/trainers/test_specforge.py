@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hsx_dagster.core.export.specforge import export_specforge
+from hsx_dagster.core.export import export_specforge
 from hsx_dagster_tests.trainers.env import run_script
 
 pytestmark = pytest.mark.slow

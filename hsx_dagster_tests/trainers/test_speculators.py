@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hsx_dagster.core.export.speculators import export_speculators
+from hsx_dagster.core.export import export_speculators
 from hsx_dagster_tests.trainers.env import run_script
 
 pytestmark = pytest.mark.slow

@@ -35,8 +35,8 @@ from hsx_dagster.core.inputs.tokenized import (
     shard_digests,
     tokenized_shard_keys,
 )
-from hsx_dagster.core.layers import LAYER_CONVENTION
-from hsx_dagster.core.model_info import ModelDirError, ModelInfo
+from hsx_dagster.core.model.info import ModelDirError, ModelInfo
+from hsx_dagster.core.model.layers import LAYER_CONVENTION
 from hsx_dagster.core.storage.atomic import write_atomic
 from hsx_dagster.core.storage.files import atomic_output, file_sha256
 from hsx_dagster.core.storage.format import (

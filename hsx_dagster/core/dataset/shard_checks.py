@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from hsx_dagster.core.check_outcome import CheckOutcome
 from hsx_dagster.core.inputs.tokenized import shard_digests
-from hsx_dagster.core.model_info import ModelDirError, ModelInfo
+from hsx_dagster.core.model.info import ModelDirError, ModelInfo
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.chunk_checks import (
     MAX_LISTED,

@@ -38,7 +38,6 @@ from typing import Any, cast
 
 import torch
 
-from hsx_dagster.core.choices import AttnImplementation
 from hsx_dagster.core.extraction.kernels import (
     KernelUse,
     describe_kernels,
@@ -46,10 +45,11 @@ from hsx_dagster.core.extraction.kernels import (
     kernel_packages_found,
     kernels_in_use,
 )
-from hsx_dagster.core.model_info import ModelInfo, text_weights_prefix, weight_names
+from hsx_dagster.core.model.info import ModelInfo, text_weights_prefix, weight_names
+from hsx_dagster.core.model.transformers_internals import AttentionFlags, attn_implementation_in_use
+from hsx_dagster.core.settings.choices import AttnImplementation
 from hsx_dagster.core.storage.format import dtype_name
 from hsx_dagster.core.storage.provenance import FINAL_SLOT, StoredLayers
-from hsx_dagster.core.transformers_internals import AttentionFlags, attn_implementation_in_use
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from collections.abc import Callable
 
 import torch
 
-from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.extraction.batch_shape_compare import Comparison, ProbeBudget
 from hsx_dagster.core.extraction.batch_shape_space import (
     AXIS_NAMES,
@@ -57,6 +56,7 @@ from hsx_dagster.core.extraction.batch_shape_summary import (
 )
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder
 from hsx_dagster.core.extraction.timing import Lap
+from hsx_dagster.core.settings.choices import parse_auto_or_positive
 
 __all__ = ["BUDGET_FRACTION", "LADDERS", "MAX_ROWS", "ROW_TOKENS", "WINDOW", "BatchShaper", "Shape", "start_shape"]
 

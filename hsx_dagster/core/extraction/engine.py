@@ -157,7 +157,7 @@ def extract_shard(
     def run(table_rows: np.ndarray, keep: np.ndarray | None, measured: bool) -> StagedBatch:
         staged = writer.stage(rows.ids[table_rows].tolist(), rows.lengths[table_rows].tolist(), keep)
         try:
-            _run_batch(backbone, table_rows, rows.input_ids, rows.loss_mask, staged, storage_dtype, pad_token_id, timer,
+            run_batch(backbone, table_rows, rows.input_ids, rows.loss_mask, staged, storage_dtype, pad_token_id, timer,
                        measured)  # fmt: skip
         except BaseException:
             writer.abandon(staged)
@@ -356,7 +356,7 @@ def _split_after_out_of_memory(
     return _split(batch, lengths, budget)
 
 
-def _run_batch(
+def run_batch(
     backbone: Backbone,
     rows: np.ndarray,
     input_ids: pa.ListArray,

@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.extraction.backbone import BackboneInfo
 from hsx_dagster.core.extraction.host_share import HostShare
 from hsx_dagster.core.settings import ExtractionSettings
+from hsx_dagster.core.settings.choices import parse_auto_or_positive
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter
 from hsx_dagster.core.storage.provenance import ChunkLayout
 from hsx_dagster.core.storage.shard_store import ShardStore

@@ -11,7 +11,7 @@ only path. `pip install --no-build-isolation -e '.[gpu]'` brings the kernels (py
 
 `kernels_in_use` says what a loaded model runs on its device (for the shard's metadata, the run log and the
 report); `fast_kernel_warning` decides the warning from the device type and what transformers found, so it is
-tested without a GPU. The private parts of transformers are read in `hsx_dagster.core.transformers_internals`.
+tested without a GPU. The private parts of transformers are read in `hsx_dagster.core.model.transformers_internals`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hsx_dagster.core.transformers_internals import KernelFallback, kernel_fallbacks, package_distribution
+from hsx_dagster.core.model.transformers_internals import KernelFallback, kernel_fallbacks, package_distribution
 
 # What each kernel package does for the model, in words; a package not listed is named as it is.
 ROLES = {"fla": "linear attention", "causal_conv1d": "causal conv1d", "mamba_ssm": "Mamba scan"}

@@ -26,7 +26,7 @@ from hsx_dagster.core.extraction.kernels import describe_kernels, kernels_record
 from hsx_dagster.core.extraction.progress import Progress
 from hsx_dagster.core.extraction.size_estimate import StoredShape, check_free_disk, estimate_bytes, format_bytes
 from hsx_dagster.core.inputs.tokenized import read_tokenized_shard, tokenized_digest
-from hsx_dagster.core.model_info import ModelInfo, check_model_dir
+from hsx_dagster.core.model.info import ModelInfo, check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings, ModelSettings, Settings
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.format import (

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsx_dagster.core.inputs.tokenized import ShardLoad
-from hsx_dagster.core.model_info import ModelInfo
+from hsx_dagster.core.model.info import ModelInfo
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.quantization import bytes_per_vector
 

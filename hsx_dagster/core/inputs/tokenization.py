@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.inputs.chat_template import TemplateMarkers, template_fingerprint
 from hsx_dagster.core.inputs.readers import check_input_file, iter_raw_records
 from hsx_dagster.core.inputs.records import RawRecord, Reject, RejectReason
@@ -47,7 +46,9 @@ from hsx_dagster.core.inputs.tokenized import (
 )
 from hsx_dagster.core.inputs.tokenizer import load_tokenizer, previous_tokenizer, tokenizer_change, tokenizer_provenance
 from hsx_dagster.core.inputs.workers import Outcome, RecordProcessor, Refused, resolve_workers, tokenizer_threads_off
-from hsx_dagster.core.settings import DatasetSettings, ModelSettings, shard_keys
+from hsx_dagster.core.settings import DatasetSettings, ModelSettings
+from hsx_dagster.core.settings.choices import parse_auto_or_positive
+from hsx_dagster.core.shard_keys import shard_keys
 from hsx_dagster.core.storage.files import remove_leftovers, staging_dir_for, swap_in_dir
 from hsx_dagster.core.storage.format import (
     REJECT_SCHEMA,

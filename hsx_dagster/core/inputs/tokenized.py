@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hsx_dagster.core.settings import check_shard_key
+from hsx_dagster.core.shard_keys import check_shard_key
 from hsx_dagster.core.storage.format import TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE, tokenized_shard_file
 
 HISTOGRAM_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)

@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hsx_dagster.core.choices import parse_auto_or_positive
 from hsx_dagster.core.inputs.chat_template import (
     SampleRejected,
     TemplateMarkers,
@@ -38,6 +37,7 @@ from hsx_dagster.core.inputs.normalise import normalise_record
 from hsx_dagster.core.inputs.records import RawRecord, Reject
 from hsx_dagster.core.inputs.tokenizer import load_tokenizer
 from hsx_dagster.core.settings import DatasetSettings, ModelSettings
+from hsx_dagster.core.settings.choices import parse_auto_or_positive
 
 WORKER_CHUNK = 64  # records per task handed to a worker process
 WORKER_AHEAD = 3  # batches in flight per worker: the workers never wait for the reader

@@ -40,7 +40,7 @@ class LocalBackend:
         self.device_used = ""
 
     def preflight(self) -> dict[str, Any]:
-        from hsx_dagster.core.model_info import check_model_dir
+        from hsx_dagster.core.model.info import check_model_dir
 
         check_model_dir(self.model_path)
         return {

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from hsx_dagster.core.inputs.chat_template import THINK_OPEN
 from hsx_dagster.core.inputs.readers import check_input_file
-from hsx_dagster.core.model_info import ModelInfo
+from hsx_dagster.core.model.info import ModelInfo
 from hsx_dagster.core.regenerate.store import RegenStore
 from hsx_dagster.core.regenerate.turns import ConversationJob, FailureReason, SourceConversation, iter_inputs
 from hsx_dagster.core.settings import RegenerateSettings

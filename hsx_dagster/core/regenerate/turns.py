@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsx_dagster.core.choices import OnTruncated, RegenerateTurns
 from hsx_dagster.core.inputs.chat_template import THINK_CLOSE, THINK_OPEN
 from hsx_dagster.core.inputs.conversations import Conversation, Reject, iter_records
+from hsx_dagster.core.settings.choices import OnTruncated, RegenerateTurns
 
 
 class FailureReason:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsx_dagster.core.choices import NanPolicy
+from hsx_dagster.core.settings.choices import NanPolicy
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.chunk_file import ChunkTensor
 from hsx_dagster.core.storage.chunk_stats import STAT_TENSORS, chunk_statistics_of, nonfinite_samples
@@ -120,7 +120,7 @@ class ChunkWriter:
         self.store, self.metadata, self.hasher = store, metadata, hasher
         self.file_specs = dict(row_specs)  # what each chunk stores per token
         self.slot_names = list(slot_names)
-        self.specs = {**self.file_specs, **_stat_specs(len(self.slot_names))}  # ... and what the ring carries
+        self.specs = {**self.file_specs, **statistics_specs(len(self.slot_names))}  # ... and what the ring carries
         self.chunk_bytes, self.nan_policy, self.pin_memory = chunk_bytes, nan_policy, pin_memory
         self.ring: StagingRing | None = None
         self.batch_rows = 0  # the largest batch the ring is sized for
@@ -330,7 +330,7 @@ def _empty_host_cache() -> None:
         empty()
 
 
-def _stat_specs(slots: int) -> dict[str, RowSpec]:
+def statistics_specs(slots: int) -> dict[str, RowSpec]:
     """The per-token reductions the device adds to each batch's rows (chunk_stats.py): carried, never stored."""
     shapes = {"token_sum": torch.float32, "token_sum_of_squares": torch.float32, "token_nonfinite": torch.bool}
     assert tuple(shapes) == STAT_TENSORS

@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from hsx_dagster.core.choices import ComputeDtype, StorageDtype
+from hsx_dagster.core.settings.choices import ComputeDtype, StorageDtype
 
 # --- dtypes ---------------------------------------------------------------------------------
 FP8_DTYPE = torch.float8_e4m3fn
@@ -45,7 +45,7 @@ _TORCH_DTYPES = {
     "float32": torch.float32,
     "float8_e4m3": FP8_DTYPE,
 }
-# The settings' choices (hsx_dagster.core.choices), as torch dtypes; `auto` compute is resolved per device.
+# The settings' choices (hsx_dagster.core.settings.choices), as torch dtypes; `auto` compute is resolved per device.
 COMPUTE_DTYPES: dict[str, torch.dtype] = {
     name: _TORCH_DTYPES[name] for name in typing.get_args(ComputeDtype) if name != "auto"
 }

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hsx_dagster import __version__
-from hsx_dagster.core.layers import LAYER_CONVENTION
+from hsx_dagster.core.model.layers import LAYER_CONVENTION
 from hsx_dagster.core.storage.atomic import StoreError, write_atomic
 from hsx_dagster.core.storage.format import (
     FP8_DTYPE,

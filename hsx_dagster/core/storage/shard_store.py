@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hsx_dagster.core.choices import OnMismatch
+from hsx_dagster.core.settings.choices import OnMismatch
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, write_atomic
 from hsx_dagster.core.storage.chunk_file import ChunkTensor, write_chunk
 from hsx_dagster.core.storage.chunk_removal import NO_CURRENT_SAMPLES, finish_removals, read_removed, remove_chunks

@@ -248,7 +248,7 @@ def check_parity(
     import weakref
 
     from hsx_dagster.core.extraction.backbone import decoder_layers, load_text_decoder
-    from hsx_dagster.core.model_info import check_model_dir
+    from hsx_dagster.core.model.info import check_model_dir
 
     dataset = DrafterDataset(drafter_dir, dtype=torch.float32)
     manifest = dataset.record

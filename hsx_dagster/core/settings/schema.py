@@ -4,14 +4,14 @@
 the environment as ``HSX_<SECTION>__<KEY>`` (e.g. ``HSX_EXTRACTION__BATCH_SIZE=64``); the environment wins over the
 file. Relative paths resolve against the settings file's folder, so a settings file can be moved with its data.
 
-Every setting is declared once, here: its type (choices from `hsx_dagster.core.choices`), default and description.
+Every setting is declared once, here: its type (choices from `core/settings/choices.py`), default and description.
 The core takes these sections as they are (no copy of a field with its own default), the Dagster layer generates its
 run config from them (`hsx_dagster.resources`), and the reference table of docs/configuration.md is generated from
-the descriptions (`hsx_dagster.core.settings_reference`).
+the descriptions (`hsx_dagster.core.settings.reference`).
 
 Every error names the file, the key and the bad value (``SettingsError``), and is raised before model weights are
 touched: the model directory is checked from its ``config.json`` alone (`load_settings`, in
-`hsx_dagster.core.settings_file`, which reads it once and keeps it as `model_info`).
+`hsx_dagster.core.settings.loading`, which reads it once and keeps it as `model_info`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from hsx_dagster.core.choices import (
+from hsx_dagster.core.model.info import ModelInfo
+from hsx_dagster.core.model.layers import LayerSpecError, parse_layer_spec, resolve_layers
+from hsx_dagster.core.settings.choices import (
     AUTO,
     AttnImplementation,
     ComputeDtype,
@@ -38,20 +40,10 @@ from hsx_dagster.core.choices import (
     list_from_env,
     parse_auto_or_positive,
 )
-from hsx_dagster.core.layers import LayerSpecError, parse_layer_spec, resolve_layers
-from hsx_dagster.core.model_info import ModelInfo
+from hsx_dagster.core.settings.errors import SettingsError
+from hsx_dagster.core.shard_keys import check_shard_key, shard_keys
 
 DEFAULT_LOCK_DIR = Path("/tmp/hsx-dagster-device-locks")  # per host, like the GPUs (and the cores) it guards
-
-
-class SettingsError(ValueError):
-    """A settings problem, worded for the user: file, key, bad value, what is expected."""
-
-
-# after SettingsError, which a bad shard key raises; shard keys live in their own module (re-exported here)
-from hsx_dagster.core.shard_keys import SHARD_KEY as SHARD_KEY  # noqa: E402
-from hsx_dagster.core.shard_keys import check_shard_key as check_shard_key  # noqa: E402
-from hsx_dagster.core.shard_keys import shard_keys as shard_keys  # noqa: E402
 
 
 def _auto_or_positive(value: Any) -> Any:
@@ -443,8 +435,3 @@ class Settings(BaseSettings):
 
     def public_dict(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())  # JSON-ready settings, for metadata and manifests
-
-
-# Reading the file lives in its own module; it is imported from here too, where callers have always found it.
-from hsx_dagster.core.settings_file import load_settings as load_settings  # noqa: E402
-from hsx_dagster.core.settings_file import settings_path as settings_path  # noqa: E402

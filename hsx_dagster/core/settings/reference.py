@@ -1,6 +1,6 @@
 """The reference table of docs/configuration.md, generated from the settings' own declarations.
 
-    python -m hsx_dagster.core.settings_reference docs/configuration.md   # rewrite the table in place
+    python -m hsx_dagster.core.settings.reference docs/configuration.md   # rewrite the table in place
 
 Every key of `Settings`, section by section, with its default and its description as declared in
 `hsx_dagster.core.settings`: the table cannot drift from the code (hsx_dagster_tests/test_settings.py fails
@@ -17,10 +17,10 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from hsx_dagster.core.settings import Settings
+from hsx_dagster.core.settings.schema import Settings
 
-COMMAND = "python -m hsx_dagster.core.settings_reference docs/configuration.md"
-START = f"<!-- the settings table, generated from hsx_dagster/core/settings.py by `{COMMAND}` -->"
+COMMAND = "python -m hsx_dagster.core.settings.reference docs/configuration.md"
+START = f"<!-- the settings table, generated from hsx_dagster/core/settings/schema.py by `{COMMAND}` -->"
 END = "<!-- end of the generated settings table -->"
 
 

@@ -17,9 +17,10 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError as EnvironmentSettingsError
 
-from hsx_dagster.core.layers import LayerSpecError, resolve_layers
-from hsx_dagster.core.model_info import ModelDirError, ModelInfo, check_model_dir
-from hsx_dagster.core.settings import Settings, SettingsError
+from hsx_dagster.core.model.info import ModelDirError, ModelInfo, check_model_dir
+from hsx_dagster.core.model.layers import LayerSpecError, resolve_layers
+from hsx_dagster.core.settings.errors import SettingsError
+from hsx_dagster.core.settings.schema import Settings
 
 CONFIG_ENV_VAR = "HSX_CONFIG"
 DEFAULT_SETTINGS_FILE = "hsx.yaml"
