@@ -1,89 +1,11 @@
-"""The Dagster code location: `hsx_dagster.definitions:defs`.
+"""The Dagster code location: `hsx_dagster.definitions:defs` (workspace.yaml, `-m hsx_dagster.definitions`).
 
-Settings are read when the definitions load (the number of shard partitions comes from them), so
-a bad hsx.yaml fails here with the key named, before any run starts.
+Every definition lives in `hsx_dagster/defs/` (assets, checks, jobs, partitions, resources, sensors; built by
+defs/build.py). Settings are read here, when the code location loads (the number of shard partitions comes from
+them), so a bad hsx.yaml fails at load with the file and key named, before any run starts.
 """
 
-from __future__ import annotations
-
-import warnings
-
-from dagster import AssetsDefinition, BetaWarning, Definitions, PreviewWarning, with_source_code_references
-
-from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
-from hsx_dagster.assets.exports import export_assets
-from hsx_dagster.assets.hidden_states import build_hidden_states
-from hsx_dagster.assets.inputs import build_input_assets
-from hsx_dagster.assets.regenerated import with_regeneration
-from hsx_dagster.assets.shard_checks import build_shard_checks
-from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
-from hsx_dagster.automation import build_automation_sensor, build_input_sensor
-from hsx_dagster.core.fingerprints import code_versions
-from hsx_dagster.core.settings import Settings, load_settings
-from hsx_dagster.jobs import build_observe_job, build_shard_job, ray_gpu_run_tags, shard_run_tags
-from hsx_dagster.partitions import shard_partitions
-from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
-from hsx_dagster.retries import build_retry_sensor
-
-
-def build_definitions(settings: Settings) -> Definitions:
-    with warnings.catch_warnings():
-        # Partitioned checks, code references and the user-code automation sensor are marked beta/preview;
-        # their use here is tested (test_shard_checks.py, test_automation.py, test_browser.py).
-        warnings.simplefilter("ignore", BetaWarning)
-        warnings.simplefilter("ignore", PreviewWarning)
-        return _build_definitions(settings)
-
-
-def _build_definitions(settings: Settings) -> Definitions:
-    partitions = shard_partitions(settings)
-    operations = settings.operations
-    # the shard job's runs and the retry backfills' runs
-    run_tags = shard_run_tags(operations.k8s_run_config, operations.ray_run_config)
-    # drafter_dataset's run asks Ray for a GPU only while its parity check loads the model
-    drafter_tags = ray_gpu_run_tags(operations.ray_run_config) if settings.drafter.parity_samples else {}
-    shard_job = build_shard_job(partitions, run_tags)
-    retry = build_retry_sensor(partitions, operations.retry_every_s, operations.max_retries, run_tags)
-    tokenization, regeneration_checks = with_regeneration(settings, tokenized_dataset)  # regenerate.enabled
-    return Definitions(
-        assets=with_source_code_references(
-            [
-                *build_input_assets(),
-                *with_code_versions(
-                    # the exports are materialized only when asked (export.speculators / export.specforge, or selected)
-                    [*tokenization, build_hidden_states(partitions), drafter_dataset, *export_assets],
-                    settings,
-                ),
-            ]
-        ),
-        jobs=[shard_job, build_observe_job()],
-        sensors=[build_automation_sensor(drafter_tags), build_input_sensor(), retry],
-        asset_checks=[
-            tokenized_dataset_consistent,
-            *regeneration_checks,
-            *build_shard_checks(partitions),
-            *drafter_checks,
-        ],
-        resources={
-            "settings": HsxSettings(path=str(settings.source)),
-            "gpu": GpuResource.from_settings(settings),
-            "generator": GeneratorResource.from_settings(settings),
-        },
-    )
-
-
-def with_code_versions(assets: list[AssetsDefinition], settings: Settings) -> list[AssetsDefinition]:
-    """Each asset's code version: its format version and the settings that shape it (core/fingerprints.py), so
-    the UI marks what follows a change of layers, dtype or dataset options stale."""
-    versions = code_versions(settings)
-    return [
-        asset.map_asset_specs(
-            lambda spec: spec.replace_attributes(
-                code_version=versions.get(spec.key.to_user_string(), spec.code_version)
-            )
-        )
-        for asset in assets
-    ]
-
+from hsx_dagster.core.settings import load_settings
+from hsx_dagster.defs.build import build_definitions
 
 defs = build_definitions(load_settings())

@@ -10,7 +10,7 @@ launch gets, bypassing the queue, which needs the daemon), and waits for it: the
 job's page and on each partition, with their blocking shard checks. Shards run one after another, or with
 `--together` all at once (on a cluster, where the run launcher places each run on a GPU of its own); the
 exit status is non-zero when any run failed or any shard's blocking check failed. Dagster has
-no public API for such a launch: it goes through `hsx_dagster.dagster_internals`.
+no public API for such a launch: it goes through `hsx_dagster.defs_support.dagster_internals`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from dagster import AssetCheckEvaluation, DagsterEventType, DagsterInstance, DagsterRunStatus
 
-from hsx_dagster.asset_keys import HIDDEN_STATES
-from hsx_dagster.dagster_internals import code_location_job
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
+from hsx_dagster.defs_support.dagster_internals import code_location_job
 
 JOB = "hidden_states_shard"
 MODULE = "hsx_dagster.definitions"

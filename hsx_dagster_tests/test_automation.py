@@ -20,8 +20,8 @@ from dagster import (
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage import read_index
-from hsx_dagster.dagster_internals import StaleStatus, stale_status
 from hsx_dagster.definitions import build_definitions
+from hsx_dagster.defs_support.dagster_internals import StaleStatus, stale_status
 from hsx_dagster_tests.helpers import write_settings
 
 DRAFTER = AssetKey("drafter_dataset")

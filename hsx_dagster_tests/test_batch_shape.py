@@ -341,7 +341,7 @@ def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path
 
     from hsx_dagster.core.settings import load_settings
     from hsx_dagster.definitions import build_definitions
-    from hsx_dagster.resources import GpuResource
+    from hsx_dagster.defs.resources import GpuResource
 
     settings_file = write_settings(
         tmp_path / "hsx.yaml",
@@ -478,8 +478,8 @@ def test_out_of_memory_during_the_probe_is_remembered(tokenized, demo_model_dir,
 def test_the_probe_is_in_the_metadata_and_the_report(tokenized, demo_model_dir, tmp_path):
     from dagster import MetadataValue
 
-    from hsx_dagster.assets.hidden_states import hidden_states_metadata
     from hsx_dagster.core.extraction import ExtractionReport
+    from hsx_dagster.defs.assets.hidden_states import hidden_states_metadata
     from hsx_dagster.report import batch_shape_lines
 
     job = auto_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4))

@@ -393,7 +393,7 @@ def test_a_damaged_shard_is_healed_by_a_retry_backfill_under_the_daemon(page, de
     (Overview > Backfills), whose run re-extracts the set-aside chunk's samples and passes the shard's checks."""
     from dagster import AssetCheckEvaluation, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
-    from hsx_dagster.retries import RETRY_REASONS_TAG, RETRY_TAG
+    from hsx_dagster.defs.sensors.retries import RETRY_REASONS_TAG, RETRY_TAG
 
     folder = Path(demo_instance["HSX_CONFIG"]).parent / "out" / "hidden_states" / "shard-00"
     chunk = sorted(folder.glob("chunk-*.safetensors"))[-1]

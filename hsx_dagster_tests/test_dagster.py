@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, instance_for_test, materialize
 
-from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
-from hsx_dagster.assets.hidden_states import build_hidden_states
-from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.inputs import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.dagster_internals import pool_limits
 from hsx_dagster.definitions import build_definitions
-from hsx_dagster.partitions import shard_partitions
-from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster.defs.assets.drafter import drafter_dataset
+from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.checks import drafter_checks, tokenized_dataset_consistent
+from hsx_dagster.defs.partitions import shard_partitions
+from hsx_dagster.defs.resources import GpuResource, HsxSettings
+from hsx_dagster.defs_support.dagster_internals import pool_limits
 from hsx_dagster_tests.helpers import write_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def test_tokenized_dataset_materializes_with_metadata_and_passing_check(settings
         assert "bytes" not in " ".join(metadata)  # sizes carry their unit; no raw byte counts
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("tokenized_dataset_consistent", True)]
-        # the extraction pool is set up before any shard claims it (hsx_dagster/pools.py)
+        # the extraction pool is set up before any shard claims it (hsx_dagster/defs_support/pools.py)
         assert [(p.name, p.limit, p.from_default) for p in pool_limits(instance)] == [("gpu", 2, True)]
 
 

@@ -16,7 +16,6 @@ from dagster import AssetKey, instance_for_test, materialize
 from safetensors.torch import load_file
 
 from hsx_dagster import DrafterDataset
-from hsx_dagster.assets.exports import specforge_dataset, speculators_dataset
 from hsx_dagster.core.export import (
     ARROW_FILE,
     ExportError,
@@ -25,14 +24,15 @@ from hsx_dagster.core.export import (
     file_pool,
     row_groups,
     sample_file,
+    specforge as specforge_module,
     specforge_mapping,
+    speculators as speculators_module,
     speculators_mapping,
 )
-from hsx_dagster.core.export import specforge as specforge_module
-from hsx_dagster.core.export import speculators as speculators_module
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.model import resolve_layers
-from hsx_dagster.resources import HsxSettings
+from hsx_dagster.defs.assets.exports import specforge_dataset, speculators_dataset
+from hsx_dagster.defs.resources import HsxSettings
 from hsx_dagster_tests.helpers import build_drafter_dataset, write_settings
 
 LAYERS = [1, 3, 4, 7]  # the `speculators` preset for the demo model (8 layers)

@@ -103,7 +103,7 @@ def test_the_warning_comes_before_the_weights_load_on_cuda(demo_model_dir, monke
 
 
 def test_the_kernels_are_in_the_metadata_the_log_and_the_report(tokenized, demo_model_dir, tmp_path):
-    from hsx_dagster.assets.hidden_states import hidden_states_metadata
+    from hsx_dagster.defs.assets.hidden_states import hidden_states_metadata
     from hsx_dagster.report import kernel_lines
 
     job = make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4))

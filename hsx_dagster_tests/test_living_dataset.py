@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
-from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
-from hsx_dagster.assets.hidden_states import build_hidden_states
-from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset import DrafterDataset, assemble, check_coverage, check_shard
 from hsx_dagster.core.extraction import run_shard
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage import read_index
-from hsx_dagster.partitions import shard_partitions
-from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster.defs.assets.drafter import drafter_dataset
+from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.checks import drafter_checks
+from hsx_dagster.defs.partitions import shard_partitions
+from hsx_dagster.defs.resources import GpuResource, HsxSettings
 from hsx_dagster_tests.helpers import shard_job, tokenize, write_settings
 
 SHARDS = ("shard-00", "shard-01")

@@ -1,6 +1,6 @@
 """What a person watching a long extraction reads: units (core/units.py), a running shard's progress
 (core/extraction/progress.py) on the asset's partition and in the run log, the per-shard table with
-totals (core/dataset/shard_overview.py, hsx_dagster/shard_table.py), and the same figures in
+totals (core/dataset/shard_overview.py, hsx_dagster/defs_support/shard_table.py), and the same figures in
 `python -m hsx_dagster.report`."""
 
 import math
@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
-import hsx_dagster.assets.hidden_states as hidden_states_asset
+import hsx_dagster.defs.assets.hidden_states as hidden_states_asset
 from benchmarks.progress_eta import shard_updates
-from hsx_dagster.assets.hidden_states import build_hidden_states
-from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
 from hsx_dagster.core.extraction import BatchCostModel, LengthOrder, Progress, plan_batches
 from hsx_dagster.core.settings import load_settings
@@ -26,9 +24,11 @@ from hsx_dagster.core.units import (
     format_share,
     parse_duration,
 )
-from hsx_dagster.partitions import shard_partitions
+from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.partitions import shard_partitions
+from hsx_dagster.defs.resources import GpuResource, HsxSettings
 from hsx_dagster.report import summary_lines
-from hsx_dagster.resources import GpuResource, HsxSettings
 from hsx_dagster_tests.helpers import write_settings
 
 

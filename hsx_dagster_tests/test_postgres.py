@@ -18,11 +18,11 @@ import pytest
 import yaml
 from dagster import AssetKey, AssetPartitionStatus, DagsterInstance, build_sensor_context
 
-from hsx_dagster import pools
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.dagster_internals import pool_limits, set_pool_limit
 from hsx_dagster.definitions import build_definitions
-from hsx_dagster.pools import prepare_pool
+from hsx_dagster.defs_support import pools
+from hsx_dagster.defs_support.dagster_internals import pool_limits, set_pool_limit
+from hsx_dagster.defs_support.pools import prepare_pool
 from hsx_dagster_tests.helpers import write_settings
 
 pytestmark = pytest.mark.slow  # servers, subprocesses or kills: left out of the quick loop

@@ -16,14 +16,6 @@ import httpx
 import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
-from hsx_dagster.assets.drafter import drafter_checks, drafter_dataset
-from hsx_dagster.assets.hidden_states import build_hidden_states
-from hsx_dagster.assets.regenerated import (
-    downstream_of_regeneration,
-    regenerated_conversations,
-    regenerated_conversations_complete,
-)
-from hsx_dagster.assets.tokenized import tokenized_dataset, tokenized_dataset_consistent
 from hsx_dagster.core.inputs import Reject, TokenizedSummary
 from hsx_dagster.core.regenerate import (
     COMMITS_FILE,
@@ -45,8 +37,13 @@ from hsx_dagster.core.regenerate import (
 from hsx_dagster.core.settings import ExtractionSettings, RegenerateSettings, SettingsError, load_settings
 from hsx_dagster.core.storage import StoreError
 from hsx_dagster.definitions import build_definitions
-from hsx_dagster.partitions import shard_partitions
-from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
+from hsx_dagster.defs.assets.drafter import drafter_dataset
+from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+from hsx_dagster.defs.assets.regenerated import downstream_of_regeneration, regenerated_conversations
+from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.checks import drafter_checks, regenerated_conversations_complete, tokenized_dataset_consistent
+from hsx_dagster.defs.partitions import shard_partitions
+from hsx_dagster.defs.resources import GeneratorResource, GpuResource, HsxSettings
 from hsx_dagster_tests.helpers import free_port, write_settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -32,9 +32,9 @@ from hsx_dagster.core.storage import (
     SHARD_INDEX_FILE,
     SPLIT_BATCHES_FILE,
     StoreError,
+    atomic as atomic_module,
     read_index,
 )
-from hsx_dagster.core.storage import atomic as atomic_module
 from hsx_dagster_tests import shard_child
 from hsx_dagster_tests.helpers import shard_job, tokenize
 

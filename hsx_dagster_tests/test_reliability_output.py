@@ -244,11 +244,11 @@ def test_shard_count_changed_under_existing_output(few_inputs, demo_model_dir, t
 
 @pytest.mark.slow  # four Dagster runs (the quick loop tests on_mismatch on the core)
 def test_on_mismatch_from_dagster_run_config(few_inputs, demo_model_dir, tmp_path):
-    from hsx_dagster.assets.hidden_states import build_hidden_states
-    from hsx_dagster.assets.tokenized import tokenized_dataset
     from hsx_dagster.core.settings import load_settings
-    from hsx_dagster.partitions import shard_partitions
-    from hsx_dagster.resources import GpuResource, HsxSettings
+    from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+    from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+    from hsx_dagster.defs.partitions import shard_partitions
+    from hsx_dagster.defs.resources import GpuResource, HsxSettings
 
     settings_file = write_settings(
         tmp_path / "hsx.yaml",

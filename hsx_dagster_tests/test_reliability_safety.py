@@ -125,12 +125,12 @@ def test_trust_remote_code_is_off_unless_set_and_reaches_every_load(
 ):
     from dagster import instance_for_test, materialize
 
-    from hsx_dagster.assets.hidden_states import build_hidden_states
-    from hsx_dagster.assets.tokenized import tokenized_dataset
     from hsx_dagster.core.dataset import check_parity
     from hsx_dagster.core.settings import load_settings
-    from hsx_dagster.partitions import shard_partitions
-    from hsx_dagster.resources import GpuResource, HsxSettings
+    from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+    from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+    from hsx_dagster.defs.partitions import shard_partitions
+    from hsx_dagster.defs.resources import GpuResource, HsxSettings
 
     settings_file = write_settings(
         tmp_path / "hsx.yaml",

@@ -14,16 +14,21 @@ from dagster import (
     materialize,
 )
 
-from hsx_dagster.asset_keys import HIDDEN_STATES
-from hsx_dagster.assets.hidden_states import build_hidden_states
-from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.settings import Settings, load_settings
-from hsx_dagster.dagster_internals import backfill_partitions, delete_pool_limit, pool_limits, submit_backfill
 from hsx_dagster.definitions import build_definitions
-from hsx_dagster.partitions import shard_partitions
-from hsx_dagster.resources import GpuResource, HsxSettings
-from hsx_dagster.retries import RETRY_REASONS_TAG, RETRY_TAG
-from hsx_dagster.shard_table import shard_table
+from hsx_dagster.defs.assets.hidden_states import build_hidden_states
+from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.partitions import shard_partitions
+from hsx_dagster.defs.resources import GpuResource, HsxSettings
+from hsx_dagster.defs.sensors.retries import RETRY_REASONS_TAG, RETRY_TAG
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
+from hsx_dagster.defs_support.dagster_internals import (
+    backfill_partitions,
+    delete_pool_limit,
+    pool_limits,
+    submit_backfill,
+)
+from hsx_dagster.defs_support.shard_table import shard_table
 from hsx_dagster_tests.helpers import write_settings
 
 
@@ -118,7 +123,7 @@ def test_the_sensor_reruns_exactly_the_failed_shard_then_skips(pipeline):
     (request,) = pipeline.tick().run_requests
     assert backfill_partitions(request, HIDDEN_STATES) == ["shard-00"]  # one backfill of the failed shards
     assert request.tags[RETRY_REASONS_TAG] == "shard-00: retry 1 of 2 (its latest run failed); 1 left after it"
-    # set up again before the retried shards start together (hsx_dagster/pools.py)
+    # set up again before the retried shards start together (hsx_dagster/defs_support/pools.py)
     assert [(p.name, p.limit) for p in pool_limits(pipeline.instance)] == [("gpu", 2)]
     submit_backfill(pipeline.instance, request)  # as the daemon does; its run has not started yet
     assert pipeline.tick().skip_message == "already queued or running: shard-00"  # no second backfill

@@ -9,7 +9,6 @@ import pytest
 import torch
 import transformers
 
-from hsx_dagster import dagster_internals
 from hsx_dagster.core.model import (
     AttentionFlags,
     attn_implementation_in_use,
@@ -17,6 +16,7 @@ from hsx_dagster.core.model import (
     package_distribution,
     transformers_internals,
 )
+from hsx_dagster.defs_support import dagster_internals
 
 REPO = Path(__file__).resolve().parents[1]
 SEAMS = {

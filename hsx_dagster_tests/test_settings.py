@@ -3,8 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.core.settings import reference as settings_reference
+from hsx_dagster.core.settings import SettingsError, load_settings, reference as settings_reference
 from hsx_dagster.core.shard_keys import shard_keys
 
 REPO = Path(__file__).resolve().parents[1]

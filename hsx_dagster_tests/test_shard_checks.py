@@ -18,10 +18,6 @@ from dagster import AssetKey, DagsterInstance, build_sensor_context, instance_fo
 from safetensors import safe_open
 from safetensors.torch import save
 
-from hsx_dagster.asset_keys import HIDDEN_STATES
-from hsx_dagster.assets.drafter import drafter_dataset
-from hsx_dagster.assets.shard_checks import SHARD_CHECKS
-from hsx_dagster.assets.tokenized import tokenized_dataset
 from hsx_dagster.core.dataset import (
     DrafterDataset,
     check_shard,
@@ -31,9 +27,13 @@ from hsx_dagster.core.dataset import (
 )
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage import read_index
-from hsx_dagster.dagster_internals import backfill_partitions
 from hsx_dagster.definitions import build_definitions
-from hsx_dagster.resources import HsxSettings
+from hsx_dagster.defs.assets.drafter import drafter_dataset
+from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.checks import SHARD_CHECKS
+from hsx_dagster.defs.resources import HsxSettings
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
+from hsx_dagster.defs_support.dagster_internals import backfill_partitions
 from hsx_dagster_tests.helpers import write_settings
 
 

@@ -23,9 +23,9 @@ from hsx_dagster.core.extraction import (
     StoredShape,
     estimate_bytes,
     run_shard,
+    shard_run as shard_run_module,
     size_estimate,
 )
-from hsx_dagster.core.extraction import shard_run as shard_run_module
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.model import ModelInfo
 from hsx_dagster.core.storage import (

@@ -10,78 +10,38 @@ from hsx_dagster.core.public_api import lazy_exports
 if TYPE_CHECKING:
     from hsx_dagster.core.dataset.assembly import (
         AssemblyError as AssemblyError,
-    )
-    from hsx_dagster.core.dataset.assembly import (
         assemble as assemble,
-    )
-    from hsx_dagster.core.dataset.assembly import (
         shard_status as shard_status,
-    )
-    from hsx_dagster.core.dataset.assembly import (
         split_of as split_of,
     )
     from hsx_dagster.core.dataset.drafter_checks import (
         check_coverage as check_coverage,
-    )
-    from hsx_dagster.core.dataset.drafter_checks import (
         check_integrity as check_integrity,
-    )
-    from hsx_dagster.core.dataset.drafter_checks import (
         check_numerics as check_numerics,
-    )
-    from hsx_dagster.core.dataset.drafter_checks import (
         check_parity as check_parity,
-    )
-    from hsx_dagster.core.dataset.drafter_checks import (
         check_parity_on_claimed_device as check_parity_on_claimed_device,
     )
     from hsx_dagster.core.dataset.manifest import Manifest as Manifest
     from hsx_dagster.core.dataset.reader import (
         DatasetError as DatasetError,
-    )
-    from hsx_dagster.core.dataset.reader import (
         DrafterDataset as DrafterDataset,
-    )
-    from hsx_dagster.core.dataset.reader import (
         collate_drafter_batch as collate_drafter_batch,
     )
     from hsx_dagster.core.dataset.shard_checks import (
         check_shard as check_shard,
-    )
-    from hsx_dagster.core.dataset.shard_checks import (
         check_shard_coverage as check_shard_coverage,
-    )
-    from hsx_dagster.core.dataset.shard_checks import (
         check_shard_integrity as check_shard_integrity,
-    )
-    from hsx_dagster.core.dataset.shard_checks import (
         check_shard_numerics as check_shard_numerics,
     )
     from hsx_dagster.core.dataset.shard_overview import (
         LOW_FORWARD_SHARE as LOW_FORWARD_SHARE,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         SPEED_COLUMNS as SPEED_COLUMNS,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         STATE_COLUMNS as STATE_COLUMNS,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         ShardRow as ShardRow,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         low_forward_share_note as low_forward_share_note,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         markdown_table as markdown_table,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         shard_rows as shard_rows,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         text_table as text_table,
-    )
-    from hsx_dagster.core.dataset.shard_overview import (
         total_line as total_line,
     )
 

@@ -15,36 +15,21 @@ from typing import TYPE_CHECKING
 from hsx_dagster.core.public_api import lazy_exports
 
 if TYPE_CHECKING:
-    from hsx_dagster.core.export.file_pool import dataset_indices as dataset_indices
-    from hsx_dagster.core.export.file_pool import write_rows as write_rows
+    from hsx_dagster.core.export.file_pool import dataset_indices as dataset_indices, write_rows as write_rows
     from hsx_dagster.core.export.mapping import (
         ExportError as ExportError,
-    )
-    from hsx_dagster.core.export.mapping import (
         LayerMapping as LayerMapping,
-    )
-    from hsx_dagster.core.export.mapping import (
         specforge_mapping as specforge_mapping,
-    )
-    from hsx_dagster.core.export.mapping import (
         speculators_mapping as speculators_mapping,
     )
     from hsx_dagster.core.export.specforge import (
         SpecForgeRows as SpecForgeRows,
-    )
-    from hsx_dagster.core.export.specforge import (
         export_specforge as export_specforge,
-    )
-    from hsx_dagster.core.export.specforge import (
         sample_file as sample_file,
     )
     from hsx_dagster.core.export.speculators import (
         ARROW_FILE as ARROW_FILE,
-    )
-    from hsx_dagster.core.export.speculators import (
         export_speculators as export_speculators,
-    )
-    from hsx_dagster.core.export.speculators import (
         row_order as row_order,
     )
 

@@ -35,8 +35,7 @@ from hsx_dagster.core.storage.format import (
     STORAGE_DTYPES,
     dtype_name,
 )
-from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING
-from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING, ShardProvenance
 from hsx_dagster.core.storage.shard_membership import chunks_with_changed_tokens
 from hsx_dagster.core.storage.shard_store import ShardStore, ShardTotals, read_quarantine, shard_totals
 

@@ -7,80 +7,38 @@ from hsx_dagster.core.public_api import lazy_exports
 if TYPE_CHECKING:
     from hsx_dagster.core.inputs.chat_template import (
         THINK_CLOSE as THINK_CLOSE,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         THINK_OPEN as THINK_OPEN,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         SampleRejected as SampleRejected,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         TemplateError as TemplateError,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         TemplateMarkers as TemplateMarkers,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         render as render,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         strip_reasoning as strip_reasoning,
-    )
-    from hsx_dagster.core.inputs.chat_template import (
         tokenize_rendered as tokenize_rendered,
     )
     from hsx_dagster.core.inputs.conversations import iter_records as iter_records
     from hsx_dagster.core.inputs.readers import check_input_file as check_input_file
     from hsx_dagster.core.inputs.records import (
         Conversation as Conversation,
-    )
-    from hsx_dagster.core.inputs.records import (
         InputFileError as InputFileError,
-    )
-    from hsx_dagster.core.inputs.records import (
         Message as Message,
-    )
-    from hsx_dagster.core.inputs.records import (
         Reject as Reject,
-    )
-    from hsx_dagster.core.inputs.records import (
         RejectReason as RejectReason,
     )
     from hsx_dagster.core.inputs.sharding import (
         assign_shards as assign_shards,
-    )
-    from hsx_dagster.core.inputs.sharding import (
         imbalance as imbalance,
-    )
-    from hsx_dagster.core.inputs.sharding import (
         shard_loads as shard_loads,
     )
     from hsx_dagster.core.inputs.tokenization import tokenize_dataset as tokenize_dataset
     from hsx_dagster.core.inputs.tokenized import (
         LengthBucket as LengthBucket,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         ShardLoad as ShardLoad,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         TokenizedDataError as TokenizedDataError,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         TokenizedSummary as TokenizedSummary,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         read_rejects as read_rejects,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         read_tokenized_shard as read_tokenized_shard,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         shard_digests as shard_digests,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         tokenized_digest as tokenized_digest,
-    )
-    from hsx_dagster.core.inputs.tokenized import (
         tokenized_shard_keys as tokenized_shard_keys,
     )
     from hsx_dagster.core.inputs.tokenized_checks import check_tokenized as check_tokenized

@@ -7,50 +7,24 @@ from hsx_dagster.core.public_api import lazy_exports
 if TYPE_CHECKING:
     from hsx_dagster.core.model.info import (
         ModelDirError as ModelDirError,
-    )
-    from hsx_dagster.core.model.info import (
         ModelInfo as ModelInfo,
-    )
-    from hsx_dagster.core.model.info import (
         check_model_dir as check_model_dir,
-    )
-    from hsx_dagster.core.model.info import (
         text_weights_prefix as text_weights_prefix,
-    )
-    from hsx_dagster.core.model.info import (
         weight_files as weight_files,
-    )
-    from hsx_dagster.core.model.info import (
         weight_names as weight_names,
     )
     from hsx_dagster.core.model.layers import (
         LAYER_CONVENTION as LAYER_CONVENTION,
-    )
-    from hsx_dagster.core.model.layers import (
         LayerSpecError as LayerSpecError,
-    )
-    from hsx_dagster.core.model.layers import (
         dflash_layers as dflash_layers,
-    )
-    from hsx_dagster.core.model.layers import (
         parse_layer_spec as parse_layer_spec,
-    )
-    from hsx_dagster.core.model.layers import (
         resolve_layers as resolve_layers,
     )
     from hsx_dagster.core.model.transformers_internals import (
         AttentionFlags as AttentionFlags,
-    )
-    from hsx_dagster.core.model.transformers_internals import (
         KernelFallback as KernelFallback,
-    )
-    from hsx_dagster.core.model.transformers_internals import (
         attn_implementation_in_use as attn_implementation_in_use,
-    )
-    from hsx_dagster.core.model.transformers_internals import (
         kernel_fallbacks as kernel_fallbacks,
-    )
-    from hsx_dagster.core.model.transformers_internals import (
         package_distribution as package_distribution,
     )
 

@@ -2,7 +2,7 @@
 
 `run.regenerate` drives one resumable run; `openai_backend` talks to OpenAI-compatible servers,
 `local_backend` generates in-process; `turns` decides which turns and with what history; `store`
-commits the results in parts; `checks` proves every input is accounted for exactly once.
+commits the results in parts; `regenerated_checks` proves every input is accounted for exactly once.
 """
 
 from typing import TYPE_CHECKING
@@ -14,42 +14,21 @@ if TYPE_CHECKING:
     from hsx_dagster.core.regenerate.local_backend import LocalBackend as LocalBackend
     from hsx_dagster.core.regenerate.openai_backend import OpenAIBackend as OpenAIBackend
     from hsx_dagster.core.regenerate.regenerated_checks import check_regenerated as check_regenerated
-    from hsx_dagster.core.regenerate.run import RegenerationError as RegenerationError
-    from hsx_dagster.core.regenerate.run import regenerate as regenerate
+    from hsx_dagster.core.regenerate.run import RegenerationError as RegenerationError, regenerate as regenerate
     from hsx_dagster.core.regenerate.store import (
         COMMITS_FILE as COMMITS_FILE,
-    )
-    from hsx_dagster.core.regenerate.store import (
         RegenStore as RegenStore,
-    )
-    from hsx_dagster.core.regenerate.store import (
         part_file as part_file,
-    )
-    from hsx_dagster.core.regenerate.store import (
         read_jsonl as read_jsonl,
-    )
-    from hsx_dagster.core.regenerate.store import (
         regenerated_input as regenerated_input,
     )
     from hsx_dagster.core.regenerate.turns import (
         ConversationJob as ConversationJob,
-    )
-    from hsx_dagster.core.regenerate.turns import (
         FailureReason as FailureReason,
-    )
-    from hsx_dagster.core.regenerate.turns import (
         Generated as Generated,
-    )
-    from hsx_dagster.core.regenerate.turns import (
         SourceConversation as SourceConversation,
-    )
-    from hsx_dagster.core.regenerate.turns import (
         conversation_id as conversation_id,
-    )
-    from hsx_dagster.core.regenerate.turns import (
         iter_inputs as iter_inputs,
-    )
-    from hsx_dagster.core.regenerate.turns import (
         split_reasoning as split_reasoning,
     )
 

@@ -6,7 +6,7 @@ file. Relative paths resolve against the settings file's folder, so a settings f
 
 Every setting is declared once, here: its type (choices from `core/settings/choices.py`), default and description.
 The core takes these sections as they are (no copy of a field with its own default), the Dagster layer generates its
-run config from them (`hsx_dagster.resources`), and the reference table of docs/configuration.md is generated from
+run config from them (`hsx_dagster.defs.resources`), and the reference table of docs/configuration.md is generated from
 the descriptions (`hsx_dagster.core.settings.reference`).
 
 Every error names the file, the key and the bad value (``SettingsError``), and is raised before model weights are

@@ -38,8 +38,7 @@ from hsx_dagster.core.storage.format import (
     is_chunk_file,
     is_temporary_file,
 )
-from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING
-from hsx_dagster.core.storage.provenance import ShardProvenance
+from hsx_dagster.core.storage.provenance import MEANING as PROVENANCE_MEANING, ShardProvenance
 from hsx_dagster.core.storage.shard_records import (  # re-exported: the records a store writes
     ChunkRecord,
     QuarantineRecord,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dagster import DagsterInstance
 
-from hsx_dagster.asset_keys import HIDDEN_STATES
 from hsx_dagster.core.dataset import ShardRow, shard_rows
 from hsx_dagster.core.settings import Settings
-from hsx_dagster.dagster_internals import partitions_in_running_backfills
-from hsx_dagster.retries import RETRY_TAG, active_shard_runs, failed_shard_checks, retries_used
+from hsx_dagster.defs.sensors.retries import RETRY_TAG, active_shard_runs, failed_shard_checks, retries_used
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
+from hsx_dagster.defs_support.dagster_internals import partitions_in_running_backfills
 
 
 def shard_table(instance: DagsterInstance, settings: Settings, exclude_run_id: str | None = None) -> list[ShardRow]:

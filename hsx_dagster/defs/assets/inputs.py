@@ -7,7 +7,7 @@ index). Dagster compares it with the version each downstream materialization was
 an edited conversation file or a replaced model marks `tokenized_dataset` and everything after it
 stale in the UI. Observed when `make demo` starts (job `observe_inputs`), on demand with "Observe
 sources" in the UI, and while the daemon runs (`make ui`) by the sensor `observe_inputs_on_change`
-(automation.py), which records an observation without a run, and only when a version changed.
+(defs/sensors/automation.py), which records an observation without a run, and only when a version changed.
 """
 
 import datetime
@@ -22,12 +22,12 @@ from dagster import (
     observable_source_asset,
 )
 
-from hsx_dagster.asset_keys import CONVERSATIONS, TARGET_MODEL
-from hsx_dagster.checks import table_value
 from hsx_dagster.core.fingerprints import CACHE_FILE, files_version, fingerprint_files, model_version
 from hsx_dagster.core.model import weight_files
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.core.units import format_bytes
+from hsx_dagster.defs_support.asset_keys import CONVERSATIONS, TARGET_MODEL
+from hsx_dagster.defs_support.metadata import table_value
 
 
 def build_input_assets() -> list:

@@ -13,7 +13,7 @@ import logging
 from dagster import DagsterInstance
 from sqlalchemy.exc import SQLAlchemyError
 
-from hsx_dagster.dagster_internals import initialize_pool_limit, pool_limit, supports_pool_limits
+from hsx_dagster.defs_support.dagster_internals import initialize_pool_limit, pool_limit, supports_pool_limits
 
 GPU_POOL = "gpu"
 

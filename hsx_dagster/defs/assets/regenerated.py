@@ -2,26 +2,23 @@
 
 In the graph only with ``regenerate.enabled: true``; `tokenized_dataset` then depends on it and reads
 its output. Thin over `hsx_dagster.core.regenerate`: settings and the `generator` (and, for the local
-backend, `gpu`) resources in, the run's figures out as metadata; the blocking check re-reads the inputs.
+backend, `gpu`) resources in, the run's figures out as metadata; its blocking check (defs/checks.py)
+re-reads the inputs.
 """
 
 from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckResult,
     AssetExecutionContext,
     AssetsDefinition,
     MaterializeResult,
     MetadataValue,
     asset,
-    asset_check,
 )
 
-from hsx_dagster.asset_keys import INPUTS, REGENERATED_CONVERSATIONS, TOKENIZED_DATASET
-from hsx_dagster.checks import check_result
-from hsx_dagster.core.regenerate import build_backend, check_regenerated, regenerate
+from hsx_dagster.core.regenerate import build_backend, regenerate
 from hsx_dagster.core.settings import Settings
 from hsx_dagster.core.units import format_duration
-from hsx_dagster.resources import GeneratorResource, GpuResource, HsxSettings
+from hsx_dagster.defs.resources import GeneratorResource, GpuResource, HsxSettings
+from hsx_dagster.defs_support.asset_keys import INPUTS, REGENERATED_CONVERSATIONS, TOKENIZED_DATASET
 
 
 @asset(
@@ -87,17 +84,6 @@ def regenerated_metadata(summary: dict, path: str) -> dict:
     }
 
 
-@asset_check(
-    asset=regenerated_conversations,
-    blocking=True,
-    description="Every input record regenerated or recorded as failed with a reason, exactly once; system, user "
-    "and tool turns identical to the input; original tool calls kept where tool results answer them.",
-)
-def regenerated_conversations_complete(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    loaded = settings.load()
-    return check_result(check_regenerated(loaded.regenerated_dir, loaded.dataset.paths))
-
-
 def downstream_of_regeneration(tokenized: AssetsDefinition) -> AssetsDefinition:
     """`tokenized_dataset` depending on `regenerated_conversations` (when regeneration is on)."""
     return tokenized.map_asset_specs(
@@ -105,9 +91,9 @@ def downstream_of_regeneration(tokenized: AssetsDefinition) -> AssetsDefinition:
     )
 
 
-def with_regeneration(settings: Settings, tokenized: AssetsDefinition) -> tuple[list[AssetsDefinition], list]:
-    """The assets and checks ``tokenized`` brings with it: itself alone, or, with ``regenerate.enabled``,
-    `regenerated_conversations` and its check upstream of it."""
+def with_regeneration(settings: Settings, tokenized: AssetsDefinition) -> list[AssetsDefinition]:
+    """The assets ``tokenized`` brings with it: itself alone, or, with ``regenerate.enabled``,
+    `regenerated_conversations` upstream of it (its check: `regeneration_checks` in defs/checks.py)."""
     if not settings.regenerate.enabled:
-        return [tokenized], []
-    return [regenerated_conversations, downstream_of_regeneration(tokenized)], [regenerated_conversations_complete]
+        return [tokenized]
+    return [regenerated_conversations, downstream_of_regeneration(tokenized)]

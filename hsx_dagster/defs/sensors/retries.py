@@ -33,15 +33,15 @@ from dagster import (
     sensor,
 )
 
-from hsx_dagster.asset_keys import HIDDEN_STATES
-from hsx_dagster.assets.shard_checks import SHARD_CHECKS
-from hsx_dagster.dagster_internals import (
+from hsx_dagster.defs.checks import SHARD_CHECKS
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
+from hsx_dagster.defs_support.dagster_internals import (
     backfill_request,
     failed_check_target_ids,
     failed_current_checks,
     partitions_in_running_backfills,
 )
-from hsx_dagster.pools import prepare_pool
+from hsx_dagster.defs_support.pools import prepare_pool
 
 RETRY_TAG = "hsx/retry"  # on every retry backfill, so on each of its runs
 RETRY_REASONS_TAG = "hsx/retry-reasons"  # each retried shard: its attempt and why
@@ -100,7 +100,9 @@ def build_retry_sensor(
             return SkipReason(plan.skip_reason(max_retries))
         for shard, retry in plan.retries.items():
             context.log.info(f"{shard}: {retry}")
-        prepare_pool(instance, context.log)  # the retried shards may start together (see hsx_dagster/pools.py)
+        prepare_pool(
+            instance, context.log
+        )  # the retried shards may start together (see hsx_dagster/defs_support/pools.py)
         reasons = "; ".join(f"{shard}: {retry}" for shard, retry in plan.retries.items())
         tags = {**run_tags, RETRY_TAG: "true", RETRY_REASONS_TAG: reasons}
         return backfill_request(HIDDEN_STATES, partitions_def, list(plan.retries), tags)

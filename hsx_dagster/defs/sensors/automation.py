@@ -37,10 +37,10 @@ from dagster import (
     sensor,
 )
 
-from hsx_dagster.asset_keys import CONVERSATIONS, DRAFTER_DATASET, INPUTS, TARGET_MODEL
-from hsx_dagster.assets.inputs import conversations_observation, model_observation
-from hsx_dagster.dagster_internals import DATA_VERSION_TAG, latest_materialization_ids
-from hsx_dagster.resources import HsxSettings
+from hsx_dagster.defs.assets.inputs import conversations_observation, model_observation
+from hsx_dagster.defs.resources import HsxSettings
+from hsx_dagster.defs_support.asset_keys import CONVERSATIONS, DRAFTER_DATASET, INPUTS, TARGET_MODEL
+from hsx_dagster.defs_support.dagster_internals import DATA_VERSION_TAG, latest_materialization_ids
 
 OBSERVE_EVERY_S = 300  # how often the input sensor looks; unchanged files are not re-read (core/fingerprints.py)
 

@@ -7,10 +7,15 @@ fails before writing anything, naming the setting to change.
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from hsx_dagster.asset_keys import DRAFTER_DATASET, SPECFORGE_DATASET, SPECULATORS_DATASET, TOKENIZED_DATASET
 from hsx_dagster.core.export import LayerMapping, export_specforge, export_speculators
 from hsx_dagster.core.units import format_bytes, format_count
-from hsx_dagster.resources import HsxSettings
+from hsx_dagster.defs.resources import HsxSettings
+from hsx_dagster.defs_support.asset_keys import (
+    DRAFTER_DATASET,
+    SPECFORGE_DATASET,
+    SPECULATORS_DATASET,
+    TOKENIZED_DATASET,
+)
 
 
 def _metadata(path, rows: int, train_rows: int, size: int, mapping: LayerMapping, command: str) -> dict:

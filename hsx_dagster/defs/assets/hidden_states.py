@@ -19,8 +19,6 @@ from dagster import (
     multi_asset,
 )
 
-from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
-from hsx_dagster.checks import table_value
 from hsx_dagster.core.dataset import (
     SPEED_COLUMNS,
     STATE_COLUMNS,
@@ -31,9 +29,11 @@ from hsx_dagster.core.dataset import (
 )
 from hsx_dagster.core.extraction import Progress, ShardJob, ShardResult, probe_table_markdown, run_shard, shape_label
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
-from hsx_dagster.pools import GPU_POOL
-from hsx_dagster.resources import GpuResource, HsxSettings
-from hsx_dagster.shard_table import shard_table
+from hsx_dagster.defs.resources import GpuResource, HsxSettings
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
+from hsx_dagster.defs_support.metadata import table_value
+from hsx_dagster.defs_support.pools import GPU_POOL
+from hsx_dagster.defs_support.shard_table import shard_table
 
 
 def build_hidden_states(partitions_def: StaticPartitionsDefinition):

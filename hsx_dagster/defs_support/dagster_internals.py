@@ -9,7 +9,7 @@ The rest of the pipeline uses Dagster's public API only, and these functions whe
   its code location (`execute_job`: the job's page and the partition's runs then never list it),
   need a webserver (the GraphQL client) or queue the run for the daemon (`dagster job launch`,
   `instance.submit_run` with the default queued coordinator);
-- the concurrency pool's limit row (`hsx_dagster.pools`): Dagster creates it lazily, which races on
+- the concurrency pool's limit row (`hsx_dagster.defs_support.pools`): Dagster creates it lazily, which races on
   PostgreSQL (dagster-io/dagster#33552), and only its storage can create it ahead of time;
 - the check evaluations per partition and the latest materialization per partition that the retry
   sensor and the automation condition read;

@@ -8,29 +8,22 @@ from typing import Any
 
 from dagster import (
     AllPartitionMapping,
-    AssetCheckExecutionContext,
-    AssetCheckResult,
     AssetDep,
     AssetExecutionContext,
     MaterializeResult,
     MetadataValue,
     asset,
-    asset_check,
 )
 
-from hsx_dagster.asset_keys import DRAFTER_DATASET, HIDDEN_STATES, INPUTS
-from hsx_dagster.automation import drafter_condition
-from hsx_dagster.checks import arrow_column_schema, check_result
 from hsx_dagster.core.dataset import (
     assemble,
-    check_coverage,
-    check_integrity,
-    check_numerics,
-    check_parity_on_claimed_device,
 )
 from hsx_dagster.core.storage import DRAFTER_INDEX_SCHEMA, DRAFTER_QUARANTINE_SCHEMA
 from hsx_dagster.core.units import format_bytes, format_count
-from hsx_dagster.resources import GpuResource, HsxSettings
+from hsx_dagster.defs.resources import HsxSettings
+from hsx_dagster.defs.sensors.automation import drafter_condition
+from hsx_dagster.defs_support.asset_keys import DRAFTER_DATASET, HIDDEN_STATES, INPUTS
+from hsx_dagster.defs_support.metadata import arrow_column_schema
 
 INDEX_COLUMNS = {
     "chunk": "safetensors file holding the sample, relative to the manifest's chunks_root",
@@ -59,7 +52,7 @@ loader = torch.utils.data.DataLoader(
     # the inputs too: Dagster's staleness is one hop, so an edited input marks the dataset stale at once
     deps=[AssetDep(HIDDEN_STATES, partition_mapping=AllPartitionMapping()), *INPUTS],
     kinds={"parquet", "json"},
-    automation_condition=drafter_condition(),  # follows once every shard is newer than it (automation.py)
+    automation_condition=drafter_condition(),  # follows once every shard is newer than it (defs/sensors/automation.py)
     description="Global index, manifest and train/validation split over all hidden-state shards, "
     "read by hsx_dagster.DrafterDataset. No tensor is copied.",
 )
@@ -106,61 +99,3 @@ def drafter_dataset(context: AssetExecutionContext, settings: HsxSettings) -> Ma
     if summary.ignored_folders:
         metadata["ignored folders"] = ", ".join(summary.ignored_folders)
     return MaterializeResult(metadata=metadata)
-
-
-@asset_check(
-    asset=drafter_dataset,
-    blocking=True,
-    description="Every tokenized sample appears exactly once "
-    "across shards, with the same input_ids and loss_mask, at the place the index says.",
-)
-def drafter_coverage(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    loaded = settings.load()
-    return check_result(check_coverage(loaded.drafter_dir, loaded.tokenized_dir))
-
-
-@asset_check(
-    asset=drafter_dataset,
-    blocking=True,
-    description="Every chunk's sha256 still matches the one "
-    "recorded at write time; shapes, dtypes and layer count match the manifest.",
-)
-def drafter_integrity(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    return check_result(check_integrity(settings.load().drafter_dir))
-
-
-@asset_check(
-    asset=drafter_dataset,
-    blocking=True,
-    description="No NaN or Inf anywhere; per-layer mean and "
-    "std; a layer of zeros fails, an outlying scale is reported.",
-)
-def drafter_numerics(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    return check_result(check_numerics(settings.load().drafter_dir))
-
-
-@asset_check(
-    asset=drafter_dataset,
-    blocking=True,
-    description="Random samples re-extracted one at a time by "
-    "an independent reference forward pass match the stored tensors within the storage dtype's tolerance.",
-)
-def drafter_parity(context: AssetCheckExecutionContext, settings: HsxSettings, gpu: GpuResource) -> AssetCheckResult:
-    loaded = settings.load()
-    extraction = gpu.validated()
-    outcome = check_parity_on_claimed_device(
-        loaded.drafter_dir,
-        loaded.tokenized_dir,
-        samples=loaded.drafter.parity_samples,
-        seed=loaded.drafter.parity_seed,
-        devices=extraction.devices,
-        owner=f"run {context.run.run_id[:8]} (drafter_parity)",
-        lock_dir=extraction.device_lock_dir,
-        wait_s=extraction.device_wait_s,
-        trust_remote_code=loaded.model.trust_remote_code,
-        claim=extraction.device_claim,
-    )
-    return check_result(outcome)
-
-
-drafter_checks = [drafter_coverage, drafter_integrity, drafter_numerics, drafter_parity]

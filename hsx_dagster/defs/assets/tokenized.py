@@ -8,25 +8,19 @@ import typing
 from pathlib import Path
 
 from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckResult,
     AssetExecutionContext,
     Config,
     MaterializeResult,
     MetadataValue,
     asset,
-    asset_check,
 )
 from pydantic import create_model
 
-from hsx_dagster.asset_keys import INPUTS, TOKENIZED_DATASET
-from hsx_dagster.checks import arrow_column_schema, check_result, table_value
 from hsx_dagster.core.extraction import StoredShape, estimate_by_dtype
 from hsx_dagster.core.inputs import (
     LengthBucket,
     ShardLoad,
     TokenizedSummary,
-    check_tokenized,
     read_tokenized_shard,
     tokenize_dataset,
 )
@@ -34,8 +28,10 @@ from hsx_dagster.core.regenerate import regenerated_input
 from hsx_dagster.core.settings import DatasetSettings, Settings
 from hsx_dagster.core.storage import REJECT_SCHEMA, SAMPLE_SCHEMA, shard_work
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_share
-from hsx_dagster.pools import prepare_pool
-from hsx_dagster.resources import HsxSettings, resource_fields, validated
+from hsx_dagster.defs.resources import HsxSettings, resource_fields, validated
+from hsx_dagster.defs_support.asset_keys import INPUTS, TOKENIZED_DATASET
+from hsx_dagster.defs_support.metadata import arrow_column_schema, table_value
+from hsx_dagster.defs_support.pools import prepare_pool
 
 SAMPLE_COLUMNS = {
     "sample_id": "unique over the dataset; the id every later file uses",
@@ -75,7 +71,7 @@ else:
 @asset(
     key=TOKENIZED_DATASET,
     group_name="hsx",
-    deps=INPUTS,  # observable sources (assets/inputs.py): stale when they change
+    deps=INPUTS,  # observable sources (defs/assets/inputs.py): stale when they change
     kinds={"parquet"},
     description="Conversations rendered with the target's chat template, tokenised, with assistant-only "
     "loss masks, balanced into shards by tokens; every rejected input recorded with a reason.",
@@ -99,7 +95,7 @@ def tokenized_dataset(
         f"hidden states will take about {format_bytes(sum(estimate[loaded.extraction.storage_dtype].values()))} "
         f"({loaded.extraction.storage_dtype}; {shape.layers} vectors of {shape.hidden_size} per token)"
     )
-    prepare_pool(context.instance, context.log)  # before shards start together (see hsx_dagster/pools.py)
+    prepare_pool(context.instance, context.log)  # before shards start together (see hsx_dagster/defs_support/pools.py)
     return MaterializeResult(
         metadata={
             **tokenized_metadata(summary, loaded.tokenized_dir),
@@ -199,13 +195,3 @@ def histogram_table(histogram: list[LengthBucket]) -> str:
         share = f"{100 * bucket.samples / total:.0f}%"
         rows.append(f"| {bucket.min:,}\u2011{bucket.max:,} | {bucket.samples:,} | {bar}\u00a0{share} |")
     return "\n".join(rows)
-
-
-@asset_check(
-    asset=tokenized_dataset,
-    blocking=True,
-    description="Re-reads the written shards: counts, unique sample ids, masks aligned with ids, loss tokens present, "
-    "shard column consistent.",
-)
-def tokenized_dataset_consistent(context: AssetCheckExecutionContext, settings: HsxSettings) -> AssetCheckResult:
-    return check_result(check_tokenized(settings.load().tokenized_dir))

@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 from dagster import AssetSelection, StaticPartitionsDefinition, define_asset_job
 
-from hsx_dagster.asset_keys import HIDDEN_STATES, INPUTS
+from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES, INPUTS
 
 RAY_CONFIG_TAG = "dagster-ray/config"  # read by dagster-ray's RayRunLauncher: the run's Ray resource request
 MAX_RETRIES_TAG = "dagster/max_retries"  # Dagster's run retries for this run (the instance's run_retries otherwise)
