@@ -1,7 +1,7 @@
 # Everyday commands. Each one sets up what it needs on a fresh machine (.venv, demo data).
 #   make demo   set up, then run the whole pipeline on the embedded demo and print a summary
 #   make test   the test suite (what CI runs); make test-quick leaves out the slow tests (servers, CLI runs, kills,
-#               whole-corpus passes, the other values of sweeps: hsx_dagster_tests/sweeps.py) and runs the rest on
+#               whole-corpus passes, the other values of sweeps: hsx_dagster_tests/support/sweeps.py) and runs the rest on
 #               every core, a module per worker (its module fixtures built once)
 #   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
@@ -61,10 +61,10 @@ demo: data instance
 	@echo
 	@$(BIN)/python -m hsx_dagster.report
 
-# The isolated environment the trainer tests run speculators' and SpecForge's code in (hsx_dagster_tests/trainers/env.py);
+# The isolated environment the trainer tests run speculators' and SpecForge's code in (hsx_dagster_tests/end_to_end/trainers/env.py);
 # the tests build it on first use, this builds it ahead (CI starts it beside the other tests' set-up).
 trainer-env: install
-	$(BIN)/python -c 'from hsx_dagster_tests.trainers.env import trainer_python; print(trainer_python())'
+	$(BIN)/python -c 'from hsx_dagster_tests.end_to_end.trainers.env import trainer_python; print(trainer_python())'
 
 # Two workers, a test module each at a time: the slow tests mostly wait on servers, subprocesses and the trainer
 # environment, and one worker's wait is the other's CPU (the whole suite on 2 cores: docs/benchmarks.md).

@@ -51,7 +51,7 @@ def extract(root: Path, model: Path, tokens: int) -> tuple[Path, float]:
     from hsx_dagster.core.extraction import run_shard
     from hsx_dagster.core.storage import tokenized_shard_file
     from hsx_dagster.demo.build import OPENAI_PATH, SHAREGPT_PATH
-    from hsx_dagster_tests.helpers import shard_job, tokenize
+    from hsx_dagster_tests.support.helpers import shard_job, tokenize
 
     tokenized = root / "tokenized"
     tokenize([REPO / "data" / SHAREGPT_PATH, REPO / "data" / OPENAI_PATH], model, tokenized, shards=1, max_length=2048)

@@ -44,7 +44,7 @@ def build_small_dataset(root: Path) -> Path:
     from hsx_dagster.core.dataset import assemble
     from hsx_dagster.core.extraction import run_shard
     from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH
-    from hsx_dagster_tests.helpers import shard_job, tokenize
+    from hsx_dagster_tests.support.helpers import shard_job, tokenize
 
     few = root / "few.jsonl"
     few.write_text("".join((REPO / "data" / OPENAI_PATH).read_text().splitlines(keepends=True)[:200]))

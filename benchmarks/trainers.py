@@ -6,10 +6,10 @@ between samples (the control).
     .venv/bin/python -m benchmarks.trainers [--conversations 160] [--seeds 0,1,2]
     -> benchmarks/results/<date>-trainers.{json,md}; figures in docs/benchmarks.md
 
-Runs in the isolated trainer environment (hsx_dagster_tests/trainers/env.py builds it once). Each training is a seeded
-loop: on one machine a seed gives the same figures every time, but one seed's agreement depends on the draft's
-initial weights and the row order as much as on the data, so every configuration is trained with several seeds and
-judged on their mean. The wall times printed vary with the machine's load.
+Runs in the isolated trainer environment (hsx_dagster_tests/end_to_end/trainers/env.py builds it once). Each
+training is a seeded loop: on one machine a seed gives the same figures every time, but one seed's agreement depends
+on the draft's initial weights and the row order as much as on the data, so every configuration is trained with
+several seeds and judged on their mean. The wall times printed vary with the machine's load.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hsx_dagster.core.export import export_speculators
 from hsx_dagster.core.extraction import ShardJob, run_shard
 from hsx_dagster.core.inputs import Conversation, iter_records, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
-from hsx_dagster_tests.trainers.env import run_script
+from hsx_dagster_tests.end_to_end.trainers.env import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data"

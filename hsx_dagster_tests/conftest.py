@@ -10,6 +10,7 @@ import pytest
 
 from hsx_dagster.core.inputs import Conversation, iter_records
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
+from hsx_dagster_tests.support.paths import REPO
 
 MEMORY_SCRATCH = Path("/dev/shm")
 MEMORY_SCRATCH_MIN_FREE = 4 * 2**30
@@ -38,8 +39,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +108,7 @@ def small_inputs(demo_conversations, tmp_path_factory) -> Path:
 def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     """`small_inputs` tokenized for the demo model in one shard (samples up to 1,024 tokens), once per module:
     the extraction tests' input."""
-    from hsx_dagster_tests.helpers import tokenize
+    from hsx_dagster_tests.support.helpers import tokenize
 
     out = tmp_path_factory.mktemp("tok") / "tokenized"
     tokenize([small_inputs], demo_model_dir, out, shards=1, max_length=1024)

@@ -17,10 +17,12 @@ from hsx_dagster.core.model import (
     transformers_internals,
 )
 from hsx_dagster.defs_support import dagster_internals
+from hsx_dagster_tests.support import dagster_internals as dagster_internals_of_tests
+from hsx_dagster_tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SEAMS = {
     "dagster": (dagster_internals, dagster.__version__),
+    "dagster (the tests' calls)": (dagster_internals_of_tests, dagster.__version__),
     "transformers": (transformers_internals, transformers.__version__),
 }
 # What only a seam may use: Dagster's private modules and event log storage, transformers' private attributes.

@@ -15,8 +15,10 @@ The rest of the pipeline uses Dagster's public API only, and these functions whe
   sensor and the automation condition read;
 - a backfill requested by a sensor (`RunRequest.for_asset_graph_subset` takes an `AssetGraphSubset`,
   which Dagster keeps private), and the partitions of the backfills still running;
-- the stale status the UI shows (tests compare it with what the pipeline expects), and the tag that carries
-  an observation's data version (the input sensor records observations without a run).
+- the tag that carries an observation's data version (the input sensor records observations without a run).
+
+The private calls only tests make (the stale status the UI shows, pool rows set and deleted, a sensor's backfill
+submitted by hand) are in hsx_dagster_tests/support/dagster_internals.py, checked on the same releases.
 
 `CHECKED_ON` lists the Dagster releases these were checked on; hsx_dagster_tests/test_seams.py fails
 naming this module when another release is installed, so an upgrade is a conscious act: re-read the
@@ -35,7 +37,6 @@ from dagster import (
     AssetKey,
     DagsterEventType,
     DagsterInstance,
-    Definitions,
     PartitionsDefinition,
     RunRequest,
 )
@@ -47,14 +48,11 @@ from dagster._cli.workspace.cli_target import (
     get_remote_repository_from_code_location,
     get_workspace_from_cli_opts,
 )
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.definitions.data_version import DATA_VERSION_TAG, CachingStaleStatusResolver, StaleStatus
-from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+from dagster._core.definitions.data_version import DATA_VERSION_TAG, StaleStatus
+from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log.base import PartitionKeyFilter, PoolLimit
-from dagster._core.utils import make_new_backfill_id
-from dagster._time import get_current_datetime, get_current_timestamp
 from dagster.version import __version__ as DAGSTER_VERSION
 
 CHECKED_ON = ("1.13.27",)
@@ -66,10 +64,8 @@ __all__ = [
     "CodeLocationJob",
     "PoolLimit",
     "StaleStatus",
-    "backfill_partitions",
     "backfill_request",
     "code_location_job",
-    "delete_pool_limit",
     "failed_check_target_ids",
     "failed_current_checks",
     "initialize_pool_limit",
@@ -77,9 +73,6 @@ __all__ = [
     "partitions_in_running_backfills",
     "pool_limit",
     "pool_limits",
-    "set_pool_limit",
-    "stale_status",
-    "submit_backfill",
     "supports_pool_limits",
 ]
 
@@ -148,16 +141,6 @@ def initialize_pool_limit(instance: DagsterInstance, pool: str) -> None:
     instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
 
 
-def set_pool_limit(instance: DagsterInstance, pool: str, limit: int) -> None:
-    """An explicit limit, as `dagster instance concurrency set` writes it."""
-    instance.event_log_storage.set_concurrency_slots(pool, limit)
-
-
-def delete_pool_limit(instance: DagsterInstance, pool: str) -> None:
-    """Remove ``pool``'s row, as deleting the pool in the UI does."""
-    instance.event_log_storage.delete_concurrency_limit(pool)
-
-
 # --- what the retry sensor and the automation condition read -------------------------------
 
 
@@ -203,20 +186,6 @@ def latest_materialization_ids(
 # --- what the UI shows ----------------------------------------------------------------------
 
 
-def stale_status(
-    defs: Definitions, instance: DagsterInstance, keys: Sequence[tuple[AssetKey, str | None]]
-) -> list[StaleStatus]:
-    """The stale status the UI shows for each (asset, partition), from the same resolver the webserver uses."""
-    graph = defs.resolve_asset_graph()
-    view = AssetGraphView(
-        temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-        instance=instance,
-        asset_graph=graph,
-    )
-    resolver = CachingStaleStatusResolver(instance, graph, loading_context=view)
-    return [resolver.get_status(key, partition) for key, partition in keys]
-
-
 def backfill_request(
     key: AssetKey, partitions_def: PartitionsDefinition, partition_keys: Sequence[str], tags: Mapping[str, str]
 ) -> RunRequest:
@@ -225,34 +194,6 @@ def backfill_request(
     partitions = partitions_def.empty_subset().with_partition_keys(partition_keys)
     subset = AssetGraphSubset.create_empty_subset()._replace(partitions_subsets_by_asset_key={key: partitions})
     return RunRequest.for_asset_graph_subset(subset, tags=tags)
-
-
-def backfill_partitions(request: RunRequest, key: AssetKey) -> list[str]:
-    """The partitions of ``key`` a backfill request (from `backfill_request`) asks for."""
-    subset = request.asset_graph_subset
-    if subset is None or key not in subset.partitions_subsets_by_asset_key:
-        return []
-    return sorted(subset.get_partitions_subset(key).get_partition_keys())
-
-
-def submit_backfill(instance: DagsterInstance, request: RunRequest) -> str:
-    """Submit a sensor's backfill request as the sensor daemon does (tests that evaluate a tick themselves); its id."""
-    if request.asset_graph_subset is None:
-        raise ValueError("not a backfill request (from backfill_request)")
-    backfill_id = make_new_backfill_id()
-    instance.add_backfill(
-        PartitionBackfill.from_asset_graph_subset(
-            backfill_id=backfill_id,
-            backfill_timestamp=get_current_timestamp(),
-            tags=request.tags,
-            dynamic_partitions_store=instance,
-            asset_graph_subset=request.asset_graph_subset,
-            title=None,
-            description=None,
-            run_config=None,
-        )
-    )
-    return backfill_id
 
 
 def partitions_in_running_backfills(instance: DagsterInstance, key: AssetKey, tag: str | None = None) -> set[str]:

@@ -3,8 +3,8 @@
     python -m hsx_dagster.core.settings.reference docs/configuration.md   # rewrite the table in place
 
 Every key of `Settings`, section by section, with its default and its description as declared in
-`hsx_dagster.core.settings`: the table cannot drift from the code (hsx_dagster_tests/test_settings.py fails
-when the file's table is not the generated one).
+`hsx_dagster.core.settings`: the table cannot drift from the code
+(hsx_dagster_tests/unit/settings/test_settings.py fails when the file's table is not the generated one).
 """
 
 from __future__ import annotations

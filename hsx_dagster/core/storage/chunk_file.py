@@ -10,8 +10,9 @@ little-endian header length, the JSON header, the tensors' bytes back to back):
 - ``__metadata__`` first, its keys sorted (safetensors writes them in a per-process random order, so its bytes for
   the same chunk differ between runs; these do not).
 
-hsx_dagster_tests/test_chunk_file.py proves a chunk's bytes are those of ``safetensors.torch.save`` for the same
-tensors (the metadata's order aside), and every reader opens chunks with safetensors itself, which validates them.
+hsx_dagster_tests/unit/storage/test_chunk_file.py proves a chunk's bytes are those of ``safetensors.torch.save`` for
+the same tensors (the metadata's order aside), and every reader opens chunks with safetensors itself, which
+validates them.
 
 Per byte of states the host does one write (the kernel's copy into the page cache) and one sha256, on two cores at
 once: the file is written from the pieces' memory on the calling thread while the hashing thread reads the same

@@ -1,0 +1,1 @@
+"""Tests of hsx_dagster/core/extraction/."""
