@@ -1,8 +1,9 @@
 # Everyday commands. Each one sets up what it needs on a fresh machine (.venv, demo data).
 #   make demo   set up, then run the whole pipeline on the embedded demo and print a summary
-#   make test   the test suite (what CI runs); make test-quick leaves out the slow tests (servers, CLI runs, kills,
-#               whole-corpus passes, the other values of sweeps: hsx_dagster_tests/support/sweeps.py) and runs the rest on
-#               every core, a module per worker (its module fixtures built once)
+#   make test   the test suite (what CI runs); make test-quick runs the unit and Dagster tiers (hsx_dagster_tests/unit,
+#               defs, and the layout checks; not end_to_end) without the slow tests (servers, CLI runs, kills, whole-corpus
+#               passes, the other values of sweeps: hsx_dagster_tests/support/sweeps.py), on every core, a module per
+#               worker (its module fixtures built once)
 #   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
 #   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}, then the
@@ -72,7 +73,7 @@ test: data
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 test-quick: data
-	$(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=10
+	$(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=10 --ignore=hsx_dagster_tests/end_to_end
 
 check: install
 	$(BIN)/ruff check .

@@ -5,6 +5,7 @@ them (storage, then inputs, extraction, and dataset / regenerate / export on top
 import ast
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,20 @@ def test_the_reader_names_a_manifest_that_is_not_json(tmp_path):
     (tmp_path / MANIFEST_FILE).write_text("{not json")
     with pytest.raises(DatasetError, match=f"{MANIFEST_FILE}: not valid JSON"):
         DrafterDataset(tmp_path)
+
+
+def test_the_readme_is_short_and_its_layout_names_the_tree_as_it_is():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode()) < 10_000
+    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w./-]+(?:/|\.py))`", layout))
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    paths = set(tracked) | {str(Path(path).parent) + "/" for path in tracked}
+    assert sorted(name for name in named if not any(path.endswith(name) for path in paths)) == []  # nothing stale
+    folders = [
+        f"{path.name}/"
+        for parent in ("hsx_dagster/core", "hsx_dagster/defs", "hsx_dagster_tests", "benchmarks")
+        for path in sorted((REPO / parent).iterdir())
+        if (path / "__init__.py").is_file()
+    ]
+    assert [folder for folder in folders if folder not in named] == []  # nothing missing
