@@ -17,8 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hsx_dagster_tests.support.paths import REPO
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 ENV = REPO / ".venv-trainers"
 SCRIPTS = HERE / "scripts"
 _STAMP = ENV / ".hsx-stamp"
