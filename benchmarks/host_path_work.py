@@ -99,7 +99,7 @@ def pipeline(work: Work, folder: Path) -> int:
     with ShardStore(folder, work.provenance) as store:
         extract_shard(
             "shard-00", work.samples, work.backbone, store, work.extraction,
-            work.provenance.chunk_metadata(work.config.hidden), progress=lambda message: None,
+            work.provenance.chunk_metadata(work.config.hidden), log_line=lambda message: None,
         )  # fmt: skip
     return sum(record.bytes for record in read_index(folder))
 

@@ -58,7 +58,7 @@ def child(args: argparse.Namespace) -> None:
     layers = (1, 3, 4)
     job = ShardJob(shard, int(shard.split("-")[1]), Path(tokenized), Path(out) / shard, model, layers, extraction)
     started = time.time()
-    result = run_shard(job, progress=lambda message: None)
+    result = run_shard(job, log_line=lambda message: None)
     print(json.dumps({"started": started, "ended": time.time(), "tokens": result.report.tokens}))
 
 

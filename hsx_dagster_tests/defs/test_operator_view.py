@@ -70,7 +70,17 @@ def test_counts_rates_and_shares():
 
 def test_the_eta_is_weighted_by_tokens_not_samples():
     """Longest first: a tenth of the samples done can be half of the tokens; the ETA follows the tokens."""
-    progress = Progress("shard-00", 100, 1000, 50_000, 100_000, 10**8, 100.0, 40.0, "cuda:0")
+    progress = Progress(
+        shard="shard-00",
+        samples_done=100,
+        samples_total=1000,
+        tokens_done=50_000,
+        tokens_total=100_000,
+        bytes_written=10**8,
+        elapsed_s=100.0,
+        forward_s=40.0,
+        device="cuda:0",
+    )
     assert progress.tokens_per_s == 500 and progress.eta_s == pytest.approx(100.0)
     assert progress.forward_share == pytest.approx(0.4)
     line = progress.line()
@@ -91,7 +101,17 @@ def test_the_eta_prices_a_fixed_cost_per_batch_and_runs_to_the_materialization()
     costs.add(500, 500**2, 1.0)
     assert costs.costs() == pytest.approx([0.5, 0.001, 0.0], abs=1e-9)
     assert costs.seconds_left(10, 1000, 10 * 100**2) == pytest.approx(6.0)
-    rate_only = Progress("shard-00", 4, 14, 3100, 4100, 0, 62.6, 60.0, "cpu")
+    rate_only = Progress(
+        shard="shard-00",
+        samples_done=4,
+        samples_total=14,
+        tokens_done=3100,
+        tokens_total=4100,
+        bytes_written=0,
+        elapsed_s=62.6,
+        forward_s=60.0,
+        device="cpu",
+    )
     priced = replace(rate_only, loop_left_s=costs.seconds_left(10, 1000, 10 * 100**2), after_loop_s=2.5)
     assert not rate_only.estimated and rate_only.eta_s == pytest.approx(1000 * 62.6 / 3100)
     assert priced.estimated and priced.eta_s == pytest.approx(8.5) and priced.metadata()["time left"] == "8.5 s"

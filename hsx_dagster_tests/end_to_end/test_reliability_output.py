@@ -99,7 +99,7 @@ def test_changed_model_or_storage_dtype_is_refused_and_start_over_redoes_the_sha
     (folder / "notes.txt").write_text("the user's own file")  # start_over deletes only what the shard wrote
     logged: list[str] = []
     redone = run_shard(
-        job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"), progress=logged.append
+        job(root, "shard-00", demo_model_dir, storage_dtype="float32", on_mismatch="start_over"), log_line=logged.append
     )
     chunks = len(first.totals.chunks)
     assert any(

@@ -24,6 +24,9 @@ tokens: all probes together stay within 3% of the run's estimated time, spent wh
 share of the real run can differ (each shard's metadata shows what was lost). With an explicit number for
 one of the two settings, only the other one is probed; with both, nothing is. docs/configuration.md says
 why each rule is there.
+
+The shaper's states (warm-up, comparing, running) and the events that move it from one to the next are a table,
+`TRANSITIONS` in batch_shape_states.py; every change of state goes through `BatchShaper._transition`.
 """
 
 from __future__ import annotations
@@ -37,16 +40,17 @@ import torch
 
 from hsx_dagster.core.extraction.batch_shape_compare import Comparison, ProbeBudget
 from hsx_dagster.core.extraction.batch_shape_space import (
-    AXIS_NAMES,
     LADDERS,
     MAX_ROWS,
     ROW_TOKENS,
     ROWS_TO_PROBE,
+    Axis,
     Grid,
     Position,
     binding_axis,
     start_shape,
 )
+from hsx_dagster.core.extraction.batch_shape_states import BatchRole, ProbeWalk, ShaperEvent, ShaperState, next_state
 from hsx_dagster.core.extraction.batch_shape_summary import (
     BatchShapeSummary,
     ProbeLog,
@@ -84,7 +88,7 @@ class BatchShaper:
         *,
         budget_fraction: float = BUDGET_FRACTION,
         batches_per_side: int = BATCHES_PER_SIDE,
-        report: Callable[[str], None] | None = None,
+        log_line: Callable[[str], None] | None = None,
         shard: str = "",
         start: Shape | None = None,
     ) -> None:
@@ -93,7 +97,7 @@ class BatchShaper:
         self.device = device
         self.order = order
         self.batches_per_side = max(1, batches_per_side)
-        self._report = report or log.info
+        self._log_line = log_line or log.info
         self.shard = shard
         self.run_tokens = order.remaining_tokens
         self.grid = Grid.of(self.rows, self.tokens, device.type, torch.get_num_threads(), start)
@@ -106,26 +110,20 @@ class BatchShaper:
         self.budget = ProbeBudget(budget_fraction, self.run_tokens)
         self.rate: float | None = None  # the current shape's tokens/s as last measured
         self._skipped_for_budget = 0
-        self._won_last = False  # the last step of the probe under way moved
-        self._tried_at_start: set[tuple[str, int]] = set()  # (axis, direction) the run's first probe has tried
-        self.state = "run" if not self.grid.axes else "warmup"
-        self._pending = ""  # what the batch being run is for: warmup, I, C, run
-        self._candidate: Position = self.position
-        self._axes: list[str] = []  # the axes the probe under way has still to try, the current one first
-        self._momentum = {axis: 1 for axis in self.grid.axes}  # the direction each axis last moved in
-        self._first_axis: str | None = None  # the axis the last probe tried first
-        self._direction = 1
-        self._moved = False
-        self._switched = False
-        self._ends: list[str] = []  # why each axis of the probe under way stopped
+        self._tried_at_start: set[tuple[Axis, int]] = set()  # (axis, direction) the run's first probe has tried
+        # a fixed shape has nothing to probe: it runs from the start (batch_shape_states.py has the states)
+        self.state = ShaperState.WARMUP if self.grid.axes else ShaperState.RUN
+        self._role: BatchRole | None = None  # what the batch being run is for (None: none, or one no shape chose)
+        self._walk = ProbeWalk(candidate=self.position)  # the probe under way
+        self._momentum: dict[Axis, int] = {axis: 1 for axis in self.grid.axes}  # where each axis last moved
+        self._first_axis: Axis | None = None  # the axis the last probe tried first
         self._comparison = Comparison(self.batches_per_side)
         self._window: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._unresolved: deque[tuple[Lap, int]] = deque()
         self._memory_before = 0
         self._warmup_shape = self.current
         self._reference_length = 0  # the longest sample when the shape was last probed
-        # neighbours that cut the same batches as the shape: tried once they differ
-        self._blocked: dict[str, Position] = {}
+        self._blocked: dict[Axis, Position] = {}  # neighbours that cut the same batches: tried once they differ
 
     # --- what the engine calls ---------------------------------------------------------------
 
@@ -142,30 +140,31 @@ class BatchShaper:
 
     def next_shape(self) -> tuple[Shape, bool]:
         """The shape of the next batch, and whether its time must be read before the one after it is cut."""
-        if self.state == "compare":
-            side = self._comparison.schedule[0]
-            self._pending = side
-            return self.shape(self._candidate if side == "C" else self.position), True
-        self._pending = self.state
-        if self.state == "warmup":
+        if self.state is ShaperState.COMPARE:
+            self._role = self._comparison.schedule[0]
+            return self.shape(self._side_position(self._role)), True
+        if self.state is ShaperState.WARMUP:
+            self._role = BatchRole.WARMUP
             self._warmup_shape = self.current
             if self.device.type == "cuda":
                 self._memory_before = torch.cuda.memory_allocated(self.device)
-        return self.current, self.state == "warmup" or (self.state == "run" and self.device.type == "mps")
+            return self.current, True
+        self._role = BatchRole.RUN
+        return self.current, self.device.type == "mps"
 
     def record(self, batch: Batch, lap: Lap) -> None:
         """A batch cut with the shape `next_shape` gave has run."""
-        pending, self._pending = self._pending, ""
-        if pending == "warmup":
+        role, self._role = self._role, None
+        if role is BatchRole.WARMUP:
             self._after_warmup(batch, lap)
-        elif pending in ("I", "C"):
-            self._after_compare_batch(pending, batch, lap)
-        elif pending == "run" and self.auto:
+        elif role is not None and role.compared:
+            self._after_compare_batch(role, batch, lap)
+        elif role is BatchRole.RUN and self.auto:
             self._monitor(batch, lap)
 
     def record_unplanned(self) -> None:
         """A batch that no shape chose ran (a piece of a batch split after an out-of-memory error)."""
-        self._pending = ""
+        self._role = None
 
     def out_of_memory(self, batch: Batch, used: Shape) -> int:
         """A batch cut with ``used`` did not fit: lower the token budget for the rest of the run (as a
@@ -173,17 +172,18 @@ class BatchShaper:
         cap = max(batch.longest, min(used.max_batch_tokens, batch.computed_tokens // 2))
         self.cap = cap if self.cap is None else min(self.cap, cap)
         self.cap_reason = "out of memory"
-        pending, self._pending = self._pending, ""
-        if self.state == "compare" and pending in ("I", "C"):
-            incumbent, candidate = self.current, self.shape(self._candidate)
+        role, self._role = self._role, None
+        self._transition(ShaperEvent.OUT_OF_MEMORY)
+        if self.state is ShaperState.COMPARE and role is not None and role.compared:
+            incumbent, candidate = self.current, self.shape(self._walk.candidate)
             self.probes[-1].steps.append(
                 {"incumbent": str(incumbent), "candidate": str(candidate), "result": "out of memory"}
             )
-            self._won_last = False
+            self._walk.won_last = False
             larger = (
                 candidate.max_batch_tokens > incumbent.max_batch_tokens or candidate.batch_size > incumbent.batch_size
             )
-            self._next_step(candidate_lost=pending == "C" or larger)
+            self._next_step(candidate_lost=role is BatchRole.CANDIDATE or larger)
         # during the warm-up: the next batch, cut under the lowered budget, warms up again
         return self.cap
 
@@ -205,6 +205,14 @@ class BatchShaper:
             token_cap_reason=self.cap_reason or None,
         )
 
+    def _transition(self, event: ShaperEvent) -> None:
+        """Move to the state TRANSITIONS (batch_shape_states.py) gives; an event it has none for raises."""
+        self.state = next_state(self.state, event)
+
+    def _side_position(self, role: BatchRole) -> Position:
+        """Where a comparison's batch is cut: at the candidate, or at the incumbent (the current position)."""
+        return self._walk.candidate if role is BatchRole.CANDIDATE else self.position
+
     # --- the probe ----------------------------------------------------------------------------
 
     def _after_warmup(self, batch: Batch, lap: Lap) -> None:
@@ -217,6 +225,7 @@ class BatchShaper:
         warmed = ShapeTimes()
         if seconds > 0:  # the first batch goes in the table, as the first measurement of the starting shape
             warmed.add(batch.real_tokens, seconds)
+        self._transition(ShaperEvent.WARMUP_RECORDED)
         self._start_probe("start of the shard run", warmed=(self._warmup_shape, warmed))
 
     def _bound_by_free_memory(self, batch: Batch) -> None:
@@ -230,7 +239,7 @@ class BatchShaper:
             self.cap_reason = f"free device memory ({available / 2**30:.1f} GiB, {per_token / 2**10:.0f} KiB/token)"
 
     def _start_probe(
-        self, reason: str, first: str | None = None, warmed: tuple[Shape, ShapeTimes] | None = None
+        self, reason: str, first: Axis | None = None, warmed: tuple[Shape, ShapeTimes] | None = None
     ) -> None:
         """A probe tries each axis in turn: ``first``, else the one the last probe did not start with, else the
         one that cuts the next batch; each from the direction it last moved in, then the other way if that step
@@ -243,49 +252,39 @@ class BatchShaper:
         if first is None and self._first_axis is not None:  # the other axis than last time gets the budget first
             first = next((axis for axis in self.grid.axes if axis != self._first_axis), None)
         binding = first or (binding_axis(self.current, self.order.next_length) if len(self.order) else "tokens")
-        self._axes = sorted(self.grid.axes, key=lambda axis: axis != binding)
-        self._first_axis = self._axes[0] if self._axes else None
-        self._ends = []
-        self._won_last = False
-        self._candidate = self.position
-        self._begin_axis()
+        self._walk = ProbeWalk(candidate=self.position, axes=sorted(self.grid.axes, key=lambda axis: axis != binding))
+        self._first_axis = self._walk.axes[0] if self._walk.axes else None
+        self._walk.begin_axis(self._momentum)
         self._begin_step()
 
-    def _begin_axis(self) -> None:
-        self._direction = self._momentum[self._axes[0]] if self._axes else 1
-        self._moved = self._switched = False
-
     def _end_axis(self, why: str) -> None:
-        axis = self._axes.pop(0)
-        if self._moved:
-            self._momentum[axis] = self._direction
-        self._ends.append(f"{AXIS_NAMES[axis]}: {why}" if len(self.grid.axes) > 1 else why)
-        self._begin_axis()
+        self._walk.end_axis(why, self._momentum, named=len(self.grid.axes) > 1)
 
     def _begin_step(self) -> None:
         """Start comparing the incumbent with its next neighbour on the current axis, or end the axis and
         go on with the next one, or end the probe."""
-        while self._axes:
-            axis = self._axes[0]
-            candidate, reason = self._neighbour(axis, self._direction)
+        walk = self._walk
+        while walk.axes:
+            axis = walk.axes[0]
+            candidate, reason = self._neighbour(axis, walk.direction)
             if reason is None and not self._affordable(candidate, self._may_spend_all(axis)):
                 self._end_axis("time budget")
                 continue
             if reason is None:
                 if self.probes[-1].number == 0:
-                    self._tried_at_start.add((axis, self._direction))
-                self._candidate = candidate
+                    self._tried_at_start.add((axis, walk.direction))
+                walk.candidate = candidate
                 self._comparison = Comparison(self.batches_per_side)
-                self.state = "compare"
+                self._transition(ShaperEvent.STEP_STARTED)
                 return
-            if not self._moved and not self._switched:
-                self._direction, self._switched = -self._direction, True
+            if not walk.moved and not walk.switched:
+                walk.turn()
                 continue
             self._end_axis(reason)
-        stopped = not self.probes[-1].steps and any(end.endswith("time budget") for end in self._ends)
-        self._finish("time budget" if stopped else "; ".join(self._ends))
+        stopped = not self.probes[-1].steps and any(end.endswith("time budget") for end in walk.ends)
+        self._finish("time budget" if stopped else "; ".join(walk.ends))
 
-    def _neighbour(self, axis: str, direction: int) -> tuple[Position, str | None]:
+    def _neighbour(self, axis: Axis, direction: int) -> tuple[Position, str | None]:
         """The first neighbour along ``axis`` that cuts other batches than the shape, or why there is none;
         a neighbour skipped for cutting the same batches is remembered, to be tried once they differ."""
         if axis == "rows" and "tokens" in self.grid.axes and self._rows_in_budget() < ROWS_TO_PROBE:
@@ -319,13 +318,13 @@ class BatchShaper:
             return SAME_BATCHES
         return None
 
-    def _may_spend_all(self, axis: str) -> bool:
+    def _may_spend_all(self, axis: Axis) -> bool:
         """Whether the next step may spend from the budget of the whole run, not only of the lengths it decides
         for: a step after one that won (a better shape pays off beyond the lengths it was found on), and the
         first step each way on each axis in the run's first probe (the starting shape is a guess)."""
-        if self._won_last:
+        if self._walk.won_last:
             return True
-        return self.probes[-1].number == 0 and (axis, self._direction) not in self._tried_at_start
+        return self.probes[-1].number == 0 and (axis, self._walk.direction) not in self._tried_at_start
 
     def _affordable(self, candidate: Position, whole_run: bool) -> bool:
         """Whether the worst case of one more step fits the probe budget (batch_shape_compare.ProbeBudget)."""
@@ -339,35 +338,36 @@ class BatchShaper:
         shape = self.shape(candidate)
         return self.order.peek(shape.batch_size, shape.max_batch_tokens).real_tokens
 
-    def _after_compare_batch(self, side: str, batch: Batch, lap: Lap) -> None:
+    def _after_compare_batch(self, side: BatchRole, batch: Batch, lap: Lap) -> None:
         seconds = lap.seconds(block=True) or 0.0
         self.probe_s += seconds
         self.probe_batches += 1
         comparison = self._comparison
         comparison.add(side, batch.real_tokens, seconds)
-        shape = self.shape(self._candidate if side == "C" else self.position)
+        shape = self.shape(self._side_position(side))
         self.probes[-1].shapes.setdefault(shape, ShapeTimes()).add(batch.real_tokens, seconds)
-        over_budget = side == "C" and self.budget.exhausted_by(comparison)
+        over_budget = side is BatchRole.CANDIDATE and self.budget.exhausted_by(comparison)
         if not comparison.schedule or not len(self.order) or comparison.clear_loss(side) or over_budget:
             self._decide()
 
     def _decide(self) -> None:
-        comparison = self._comparison
+        comparison, walk = self._comparison, self._walk
         ratio = comparison.ratio
         if ratio is None:
-            self._axes = []
             self._finish("no samples left")
             return
         if len(self.order) and comparison.extend_if_close(
-            self.budget.spent_s, self.budget.allowed_s, self._upcoming(self._candidate)
+            self.budget.spent_s, self.budget.allowed_s, self._upcoming(walk.candidate)
         ):
+            self._transition(ShaperEvent.COMPARISON_EXTENDED)
             return
+        self._transition(ShaperEvent.COMPARISON_DECIDED)
         won = comparison.won()
         self.budget.spent_s += comparison.loss_s()
         self.probes[-1].steps.append(
             {
                 "incumbent": str(self.current),
-                "candidate": str(self.shape(self._candidate)),
+                "candidate": str(self.shape(walk.candidate)),
                 "incumbent_tokens_per_s": round(comparison.incumbent.rate, 1),
                 "candidate_tokens_per_s": round(comparison.candidate.rate, 1),
                 "ratio": round(ratio, 3),
@@ -376,30 +376,33 @@ class BatchShaper:
             }
         )
         self.rate = (comparison.candidate if won else comparison.incumbent).rate
-        self._won_last = won
+        walk.won_last = won
         if won:
-            self.position, self._moved = self._candidate, True
+            self.position, walk.moved = walk.candidate, True
         self._next_step(candidate_lost=not won)
 
     def _next_step(self, candidate_lost: bool) -> None:
-        if candidate_lost and (self._moved or self._switched):
+        walk = self._walk
+        if candidate_lost and (walk.moved or walk.switched):
             self._end_axis("the next step was slower")
         elif candidate_lost:
-            self._direction, self._switched = -self._direction, True
+            walk.turn()
         self._begin_step()
 
     def _finish(self, why: str) -> None:
         probe = self.probes[-1]
         probe.chosen, probe.ended = self.current, why
-        self.state = "run"
-        self._axes = []
+        self._transition(ShaperEvent.PROBE_FINISHED)
+        self._walk.axes = []
         self._window.clear()
         self._unresolved.clear()
         if probe.number > 0 and not probe.steps:
-            self._report(f"{self.shard}: batch shape kept at {self.current}: {probe.reason}; not probed again: {why}.")
+            self._log_line(
+                f"{self.shard}: batch shape kept at {self.current}: {probe.reason}; not probed again: {why}."
+            )
             return
         totals = (self.probe_s, self.budget.spent_s, self.budget.run_s(self.rate))
-        self._report(probe_message(self.shard, probe.record(), probe.rows(), *totals))
+        self._log_line(probe_message(self.shard, probe.record(), probe.rows(), *totals))
 
     # --- after the probe: watch for the throughput dropping or the lengths changing ----------------
 
@@ -417,14 +420,15 @@ class BatchShaper:
             return
         if self.order.remaining_tokens < 4 * self.batches_per_side * self.current.max_batch_tokens:
             return  # too little left to gain anything
+        self._transition(ShaperEvent.REPROBE)
         self._start_probe(reason, first)
-        if self.state == "run" and not self.probes[-1].steps:  # nothing could be tried: ask again after a change
+        if self.state is ShaperState.RUN and not self.probes[-1].steps:  # nothing to try: ask again after a change
             if self.probes.pop().ended == "time budget":
                 self._skipped_for_budget += 1
             self._reference_length = self.order.next_length
             self.rate = rate or self.rate
 
-    def _reprobe_reason(self) -> tuple[str | None, float | None, str | None]:
+    def _reprobe_reason(self) -> tuple[str | None, float | None, Axis | None]:
         """Why the shape should be probed again (None: it should not), the throughput of the last batches, and
         the axis to try first."""
         rate = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hsx_dagster.core.extraction.batch_shape_states import BatchRole
 from hsx_dagster.core.extraction.batch_shape_summary import ShapeTimes
 
 MIN_GAIN = 0.03  # a step is taken when the candidate is faster by more than this
@@ -19,30 +20,33 @@ LATER_SHARE = 0.0  # of the budget of the samples after the lengths a probe deci
 
 @dataclass
 class Comparison:
-    """Incumbent (I) and candidate (C) on alternating batches: I, C, C, I with two a side. Neighbours in the
-    length order and in time, so neither the shrinking lengths of a length-sorted shard nor a moment of load
-    on the machine favours one side."""
+    """Incumbent (I) and candidate (C) on alternating batches: I, C, C, I with two a side (the schedule holds
+    each batch's `BatchRole`). Neighbours in the length order and in time, so neither the shrinking lengths of a
+    length-sorted shard nor a moment of load on the machine favours one side."""
 
     per_side: int
-    schedule: list[str] = field(default_factory=list)
-    sides: dict[str, ShapeTimes] = field(default_factory=lambda: {"I": ShapeTimes(), "C": ShapeTimes()})
+    schedule: list[BatchRole] = field(default_factory=list)
+    sides: dict[BatchRole, ShapeTimes] = field(
+        default_factory=lambda: {BatchRole.INCUMBENT: ShapeTimes(), BatchRole.CANDIDATE: ShapeTimes()}
+    )
     extended: bool = False
 
     def __post_init__(self) -> None:
         self.schedule = self.schedule or self._round()
 
-    def _round(self) -> list[str]:
-        return ["I"] + ["C"] * self.per_side + ["I"] * (self.per_side - 1)
+    def _round(self) -> list[BatchRole]:
+        incumbent, candidate = BatchRole.INCUMBENT, BatchRole.CANDIDATE
+        return [incumbent] + [candidate] * self.per_side + [incumbent] * (self.per_side - 1)
 
     @property
     def incumbent(self) -> ShapeTimes:
-        return self.sides["I"]
+        return self.sides[BatchRole.INCUMBENT]
 
     @property
     def candidate(self) -> ShapeTimes:
-        return self.sides["C"]
+        return self.sides[BatchRole.CANDIDATE]
 
-    def add(self, side: str, tokens: int, seconds: float) -> None:
+    def add(self, side: BatchRole, tokens: int, seconds: float) -> None:
         self.sides[side].add(tokens, seconds)
         self.schedule.pop(0)
 
@@ -53,10 +57,10 @@ class Comparison:
             return None
         return self.candidate.rate / self.incumbent.rate
 
-    def clear_loss(self, side: str) -> bool:
+    def clear_loss(self, side: BatchRole) -> bool:
         """The candidate's batch just ran so much slower that a second one would tell nothing new."""
         ratio = self.ratio
-        return side == "C" and ratio is not None and ratio < CLEAR_LOSS
+        return side is BatchRole.CANDIDATE and ratio is not None and ratio < CLEAR_LOSS
 
     def candidate_loss_s(self) -> float:
         """What the candidate's batches took beyond the incumbent's rate so far."""

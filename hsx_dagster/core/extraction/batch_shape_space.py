@@ -9,6 +9,7 @@ rows longer than budget / rows, the rows cap for shorter ones. A fixed setting i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from hsx_dagster.core.extraction.batch_shape_summary import Shape
 
@@ -23,8 +24,9 @@ LADDERS = {"cpu": (2**8, 2**15), "mps": (2**10, 2**16), "cuda": (2**12, 2**19)}
 # 8,192 x 16 with 2 threads, the fastest shape of the sweep in docs/benchmarks.md on two CPUs.
 STARTS = {"mps": (2**13, 2**8), "cuda": (2**15, 2**10)}
 CPU_TOKENS_PER_THREAD, CPU_ROWS_PER_THREAD = 2**12, 8
-AXES = ("tokens", "rows")
-AXIS_NAMES = {"tokens": "token budget", "rows": "rows cap"}
+Axis = Literal["tokens", "rows"]  # the token budget, the rows cap
+AXES: tuple[Axis, ...] = ("tokens", "rows")
+AXIS_NAMES: dict[Axis, str] = {"tokens": "token budget", "rows": "rows cap"}
 # Beside a probed token budget, the rows cap is probed where the token budget alone takes at least this many rows:
 # on a few long rows a lower cap cuts the batches as a smaller token budget would, but it caps the short rows of
 # the bulk too, which are nothing like them (a cap of 2 rows found at the head of a shard cuts its bulk in 2s).
@@ -60,11 +62,11 @@ class Grid:
     start: Position  # (token index, rows index)
 
     @property
-    def axes(self) -> tuple[str, ...]:
+    def axes(self) -> tuple[Axis, ...]:
         """The probed axes, in the order AXES gives them."""
         return tuple(axis for axis, values in zip(AXES, (self.tokens, self.rows)) if len(values) > 1)
 
-    def size(self, axis: str) -> int:
+    def size(self, axis: Axis) -> int:
         return len(self.tokens if axis == "tokens" else self.rows)
 
     def shape(self, position: Position, cap: int | None = None) -> Shape:
@@ -74,7 +76,7 @@ class Grid:
         return Shape(self.rows[position[1]], tokens)
 
     @staticmethod
-    def step(position: Position, axis: str, by: int) -> Position:
+    def step(position: Position, axis: Axis, by: int) -> Position:
         return (position[0] + by, position[1]) if axis == "tokens" else (position[0], position[1] + by)
 
     def inside(self, position: Position) -> bool:
@@ -103,6 +105,6 @@ class Grid:
         return cls(budgets, caps, (budgets.index(first_tokens), caps.index(first_rows)))
 
 
-def binding_axis(shape: Shape, longest: int) -> str:
+def binding_axis(shape: Shape, longest: int) -> Axis:
     """Which limit cuts a batch whose longest row is ``longest``: the token budget, or the rows cap."""
     return "tokens" if shape.max_batch_tokens // max(1, longest) <= shape.batch_size else "rows"

@@ -126,32 +126,32 @@ def extract_shard(
     pad_token_id: int = 0,
     probe_budget: float = BUDGET_FRACTION,
     progress_every_s: float = PROGRESS_EVERY_S,
-    progress: Callable[[str], None] | None = None,
+    log_line: Callable[[str], None] | None = None,
     pending: np.ndarray | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
+    on_batch_progress: Callable[[Progress], None] | None = None,
 ) -> ExtractionReport:
     """Extract every sample of ``samples`` (columns sample_id, input_ids, loss_mask, num_tokens) that
     the store has not committed yet (``pending``, a row mask, when the caller has it already), shaped,
     stored and screened as ``extraction`` says; ``metadata`` goes into every chunk's header.
-    ``probe_budget``: the share of the run the batch shape probes may cost. ``on_progress`` gets a `Progress`
-    after every batch, in place of the progress line logged every ``progress_every_s``. Returns what
-    this run did."""
-    report, started = progress or log.info, time.perf_counter()
+    ``probe_budget``: the share of the run the batch shape probes may cost. ``log_line`` takes the run's
+    messages (default: the log). ``on_batch_progress`` gets a `Progress` after every batch, in place of the
+    progress line logged every ``progress_every_s``. Returns what this run did."""
+    log_line, started = log_line or log.info, time.perf_counter()
     device = next(backbone.model.parameters()).device
     storage_dtype = STORAGE_DTYPES[extraction.storage_dtype]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     rows = _Rows.of(samples, store, pending)
     if rows.to_extract < rows.total:
-        report(f"{shard}: resuming, {rows.total - rows.to_extract} of {rows.total} samples already committed")
+        log_line(f"{shard}: resuming, {rows.total - rows.to_extract} of {rows.total} samples already committed")
     lengths = rows.lengths[rows.todo]
     order = LengthOrder(lengths)
     shaper = BatchShaper(extraction.batch_size, extraction.max_batch_tokens, device, order,
-                         budget_fraction=probe_budget, report=report, shard=shard)  # fmt: skip
+                         budget_fraction=probe_budget, log_line=log_line, shard=shard)  # fmt: skip
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
     timer = LapTimer(device)
     counts = _Counts()
-    show = on_progress or progress_logger(report, progress_every_s, shaper)
+    show_progress = on_batch_progress or progress_logger(log_line, progress_every_s, shaper)
     time_left = TimeLeft(order, retry, shaper, lengths)
 
     def run(table_rows: np.ndarray, keep: np.ndarray | None, measured: bool) -> StagedBatch:
@@ -164,25 +164,27 @@ def extract_shard(
             raise
         return staged
 
-    def shown() -> None:
-        show(
+    def progress_after_batch() -> None:
+        show_progress(
             Progress(
-                shard, counts.samples, rows.to_extract, counts.tokens, rows.tokens_to_extract, writer.bytes_written,
-                time.perf_counter() - started, timer.total(), str(device), samples_resumed=rows.total - rows.to_extract,
-                loop_left_s=time_left.left_s, after_loop_s=writer.flush_s(),
+                shard=shard, samples_done=counts.samples, samples_total=rows.to_extract, tokens_done=counts.tokens,
+                tokens_total=rows.tokens_to_extract, bytes_written=writer.bytes_written,
+                elapsed_s=time.perf_counter() - started, forward_s=timer.total(), device=str(device),
+                samples_resumed=rows.total - rows.to_extract, loop_left_s=time_left.left_s,
+                after_loop_s=writer.flush_s(),
             )
         )  # fmt: skip
 
     with HostPath(store, backbone.info, extraction, metadata, device) as host:
         writer = host.writer
-        _replay(rows.replays, run, writer, counts, time_left, shown, shard, device, report)
+        _replay(rows.replays, run, writer, counts, time_left, progress_after_batch, shard, device, log_line)
         while retry or len(order):
             host.size_threads()
             batch, shape, measured = _next_batch(retry, shaper, order)
             try:
                 staged = run(rows.todo[list(batch.rows)], None, measured)
             except Exception as error:  # only out-of-memory is recoverable here
-                pieces = _split_after_out_of_memory(error, shard, batch, shape, shaper, lengths, device, report)
+                pieces = _split_after_out_of_memory(error, shard, batch, shape, shaper, lengths, device, log_line)
                 retry.extendleft(reversed(pieces))
                 counts.oom_splits += 1
                 continue
@@ -191,7 +193,7 @@ def extract_shard(
             del staged  # its ring may be replaced by the next stage (a larger batch): hold no reference to it
             counts.add(len(batch.rows), batch.real_tokens, batch.computed_tokens)
             time_left.after(batch)
-            shown()
+            progress_after_batch()
     return _report_of(shard, rows.total, rows.to_extract, counts, writer, timer, shaper, device, started)
 
 
@@ -232,12 +234,12 @@ class _Rows:
         return int(self.lengths[self.todo].sum()) + replayed
 
 
-def _replay(replays, run, writer, counts, time_left, shown, shard, device, report) -> None:
+def _replay(replays, run, writer, counts, time_left, progress_after_batch, shard, device, log_line) -> None:
     """Run the logged batches that hold pending samples again, whole, storing only those (replay.py); one the
     device cannot hold any more is halved (the same samples, not the same batches: their last bits may differ)."""
     waiting = deque(replays)
     if waiting:
-        report(f"{shard}: forming {len(waiting)} batches again that were cut into chunks not all committed")
+        log_line(f"{shard}: forming {len(waiting)} batches again that were cut into chunks not all committed")
     while waiting:
         replay = waiting.popleft()
         try:
@@ -257,7 +259,7 @@ def _replay(replays, run, writer, counts, time_left, shown, shard, device, repor
         del staged  # as in the main loop
         kept = [n for n, k in zip(lengths, replay.keep) if k]
         counts.add(len(kept), sum(kept), len(lengths) * max(lengths))
-        shown()
+        progress_after_batch()
 
 
 def _next_batch(retry: deque[Batch], shaper: BatchShaper, order: LengthOrder) -> tuple[Batch, Shape | None, bool]:
@@ -335,7 +337,7 @@ def _split_after_out_of_memory(
     shaper: BatchShaper,
     lengths: np.ndarray,
     device: torch.device,
-    report: Callable[[str], None],
+    log_line: Callable[[str], None],
 ) -> list[Batch]:
     """The pieces to run instead of a batch that raised ``error``, under the token budget the shaper lowers;
     any other error, or a single sample that does not fit, is raised."""
@@ -349,7 +351,7 @@ def _split_after_out_of_memory(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     budget = shaper.out_of_memory(batch, shape or Shape(len(batch.rows), batch.computed_tokens))
-    report(
+    log_line(
         f"{shard}: out of memory on a batch of {len(batch.rows)} rows x {batch.longest} tokens; "
         f"split it and lowered max_batch_tokens to {budget} for the rest of the run"
     )

@@ -1,4 +1,4 @@
-"""Where a running shard stands: what the extraction loop hands its progress callback.
+"""Where a running shard stands: what the extraction loop hands its ``on_batch_progress`` callback after each batch.
 
 The ETA is the time until the shard is done (materialized), not only until its last batch ran. It is
 weighted by tokens, not samples: batches are cut longest first, so the first samples carry far more
@@ -25,7 +25,9 @@ from hsx_dagster.core.extraction.batching import Batch, LengthOrder
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 
 
-@dataclass(frozen=True)
+# kw_only: nine required figures, counts and seconds side by side, so each is named where a Progress is made and
+# none can land in another's place
+@dataclass(frozen=True, kw_only=True)
 class Progress:
     shard: str
     samples_done: int  # by this run
@@ -188,15 +190,15 @@ class TimeLeft:
         return int((self.lengths[list(batch.rows)] ** 2).sum())
 
 
-def progress_logger(report: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
-    """Without a caller's ``on_progress`` (which gets every batch's progress and decides how often to show it),
-    a progress line every ``every_s`` of extraction."""
+def progress_logger(log_line: Callable[[str], None], every_s: float, shaper: BatchShaper) -> Callable[[Progress], None]:
+    """Without a caller's ``on_batch_progress`` (which gets every batch's progress and decides how often to show
+    it), a progress line through ``log_line`` every ``every_s`` of extraction."""
     last_shown = 0.0
 
-    def log_line(progress: Progress) -> None:
+    def show(progress: Progress) -> None:
         nonlocal last_shown
         if progress.elapsed_s - last_shown >= every_s:
             last_shown = progress.elapsed_s
-            report(f"{progress.line()} Batches of at most {shaper.current}.")
+            log_line(f"{progress.line()} Batches of at most {shaper.current}.")
 
-    return log_line
+    return show

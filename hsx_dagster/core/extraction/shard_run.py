@@ -97,13 +97,13 @@ def resolve_compute_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def run_shard(
     job: ShardJob,
-    progress: Callable[[str], None] | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
+    log_line: Callable[[str], None] | None = None,
+    on_batch_progress: Callable[[Progress], None] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> ShardResult:
-    """``progress`` takes the run's messages, ``warn`` its warnings (default: the log); ``on_progress``, when
-    given, the extraction's periodic `Progress`."""
-    report = progress or log.info
+    """``log_line`` takes the run's messages, ``warn`` its warnings (default: the log); ``on_batch_progress``,
+    when given, the extraction's `Progress` after every batch."""
+    log_line = log_line or log.info
     _require_shared_inputs(job)
     table = read_tokenized_shard(
         job.tokenized_dir, job.shard, columns=["sample_id", "input_ids", "loss_mask", "num_tokens"]
@@ -118,8 +118,8 @@ def run_shard(
         wait_s=extraction.device_wait_s,
         claim=extraction.device_claim,
     ) as claim:
-        report(f"{job.shard}: device {claim.device}, claim: {claim.how}")
-        result = _run_on_device(job, model, table, torch.device(claim.device), report, on_progress, warn)
+        log_line(f"{job.shard}: device {claim.device}, claim: {claim.how}")
+        result = _run_on_device(job, model, table, torch.device(claim.device), log_line, on_batch_progress, warn)
         result.device_claim = claim.how
         return result
 
@@ -145,8 +145,8 @@ def _run_on_device(
     model: ModelInfo,
     table: pa.Table,
     device: torch.device,
-    report: Callable[[str], None],
-    on_progress: Callable[[Progress], None] | None = None,
+    log_line: Callable[[str], None],
+    on_batch_progress: Callable[[Progress], None] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> ShardResult:
     extraction = job.extraction
@@ -166,18 +166,18 @@ def _run_on_device(
         tokenized_sha256=tokenized_digest(table),
     )
     with (
-        ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=report) as store,
+        ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=log_line) as store,
         ExitStack() as held,
     ):
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)
-        changes = _follow_the_inputs(job, store, table, report)
+        changes = _follow_the_inputs(job, store, table, log_line)
         todo = store.pending_mask(table.column("sample_id").to_numpy())
         held.enter_context(_check_disk_space(job, model, table, todo))  # counted by the other shards until we end
         if not todo.any():
-            report(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
+            log_line(f"{job.shard}: all {table.num_rows} samples are already extracted; the model is not loaded")
             nothing = ExtractionReport.nothing_to_do(job.shard, table.num_rows, device)
             return _finish(job, table, store, provenance, nothing, None, changes)
-        report(
+        log_line(
             f"{job.shard}: {int(todo.sum())} of {table.num_rows} samples to extract on {device} "
             f"({provenance.compute_dtype} compute, "
             f"{extraction.storage_dtype} storage), layers {list(job.layer_ids)}"
@@ -192,7 +192,7 @@ def _run_on_device(
             trust_remote_code=job.model.trust_remote_code,
             warn=warn,
         )
-        report(f"{job.shard}: {describe_kernels(backbone.info.attn_implementation, backbone.info.kernels)}")
+        log_line(f"{job.shard}: {describe_kernels(backbone.info.attn_implementation, backbone.info.kernels)}")
         try:
             result = extract_shard(
                 job.shard,
@@ -203,23 +203,23 @@ def _run_on_device(
                 provenance.chunk_metadata(backbone.info.hidden_size),
                 pad_token_id=_pad_token_id(backbone),
                 probe_budget=job.probe_budget,
-                progress=report,
+                log_line=log_line,
                 pending=todo,
-                on_progress=on_progress,
+                on_batch_progress=on_batch_progress,
             )
         finally:
             backbone.close()
         return _finish(job, table, store, provenance, result, backbone.info, changes)
 
 
-def _follow_the_inputs(job: ShardJob, store: ShardStore, table: pa.Table, report: Callable[[str], None]) -> dict:
+def _follow_the_inputs(job: ShardJob, store: ShardStore, table: pa.Table, log_line: Callable[[str], None]) -> dict:
     """Before anything is extracted: delete the chunks holding only samples that left the inputs, and refuse
     (or with start_over, take out) chunks whose samples were tokenized differently since."""
     current = table.column("sample_id").to_numpy()
     reclaimed = store.reclaim(current)
     if reclaimed:
         samples = sum(record.samples for record in reclaimed)
-        report(f"{job.shard}: deleted {len(reclaimed)} chunks whose {samples} samples all left the inputs")
+        log_line(f"{job.shard}: deleted {len(reclaimed)} chunks whose {samples} samples all left the inputs")
     changed = chunks_with_changed_tokens(job.output_dir, store.records, table)
     if changed and job.extraction.on_mismatch != "start_over":
         samples = sum(count for _, count in changed)
@@ -231,7 +231,7 @@ def _follow_the_inputs(job: ShardJob, store: ShardStore, table: pa.Table, report
         )
     store.remove([(record, "tokens_changed", f"{count} samples tokenized differently") for record, count in changed])
     if changed:
-        report(f"{job.shard}: {len(changed)} chunks tokenized differently since were taken out; re-extracting them")
+        log_line(f"{job.shard}: {len(changed)} chunks tokenized differently since were taken out; re-extracting them")
     return {"reclaimed_chunks": len(reclaimed), "redone_chunks": len(changed)}
 
 

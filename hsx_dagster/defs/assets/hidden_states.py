@@ -67,7 +67,7 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
         asked = time.perf_counter()
         shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         live = ProgressReporter(context, shard, loaded.operations.progress_every_s, time.perf_counter() - asked)
-        result = run_shard(job, progress=context.log.info, on_progress=live, warn=context.log.warning)
+        result = run_shard(job, log_line=context.log.info, on_batch_progress=live, warn=context.log.warning)
         rows = shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         return MaterializeResult(metadata={**shards_metadata(rows), **hidden_states_metadata(result, job)})
 

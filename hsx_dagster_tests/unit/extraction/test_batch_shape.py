@@ -27,6 +27,13 @@ from hsx_dagster.core.extraction import (
     run_shard,
     start_shape,
 )
+from hsx_dagster.core.extraction.batch_shape_states import (
+    TRANSITIONS,
+    ShaperEvent,
+    ShaperState,
+    TransitionError,
+    next_state,
+)
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings, parse_auto_or_positive
 from hsx_dagster.core.storage import SHARD_INDEX_FILE
@@ -59,7 +66,7 @@ def simulate(lengths, rate, batch_size="auto", max_batch_tokens="auto", device=C
     """Run a whole shard through the shaper on a simulated device; returns the shaper and the batches."""
     order = LengthOrder(lengths)
     shaper = BatchShaper(
-        batch_size, max_batch_tokens, device, order, report=lambda message: None, start=start, **kwargs
+        batch_size, max_batch_tokens, device, order, log_line=lambda message: None, start=start, **kwargs
     )
     batches = []
     while len(order):
@@ -289,7 +296,7 @@ def test_shorter_samples_trigger_another_probe():
 def test_out_of_memory_lowers_the_budget_for_the_rest_of_the_run():
     lengths = lognormal_lengths()
     order = LengthOrder(lengths)
-    shaper = BatchShaper("auto", "auto", CPU, order, budget_fraction=1.0, report=lambda m: None)
+    shaper = BatchShaper("auto", "auto", CPU, order, budget_fraction=1.0, log_line=lambda m: None)
     rate = peaked_at(32768)  # larger is faster, but the device fits only 6,000 computed tokens
     used = []
     while len(order):
@@ -318,6 +325,28 @@ def test_a_window_of_slow_batches_is_needed_before_reprobing():
 
     shaper, _ = simulate(lengths, one_slow_batch, budget_fraction=1.0)
     assert WINDOW > 1 and len(shaper.summary().probes) == 1  # one slow batch is noise, not a drop
+
+
+def test_the_shaper_moves_only_along_its_transition_table():
+    """Warm-up, then a probe comparing shapes, then the chosen shape runs; a fixed shape runs from the start. An
+    event the table (batch_shape_states.TRANSITIONS) has no entry for in the current state is refused by name."""
+    order = LengthOrder(lognormal_lengths(2000))
+    shaper = BatchShaper("auto", "auto", CPU, order, log_line=lambda m: None, start=START)
+    assert shaper.state is ShaperState.WARMUP
+    shape, measured = shaper.next_shape()
+    batch = order.take(shape.batch_size, shape.max_batch_tokens)
+    shaper.record(batch, Lap(seconds=batch.real_tokens / peaked_at(8192)(shape, batch)))
+    assert measured and shaper.state is ShaperState.COMPARE
+    while len(order):
+        shape, _ = shaper.next_shape()
+        batch = order.take(shape.batch_size, shape.max_batch_tokens)
+        shaper.record(batch, Lap(seconds=batch.real_tokens / peaked_at(8192)(shape, batch)))
+    assert shaper.state is ShaperState.RUN and shaper.summary().probes
+    fixed = BatchShaper(32, 4096, CPU, LengthOrder(lognormal_lengths(100)), log_line=lambda m: None)
+    assert fixed.state is ShaperState.RUN
+    with pytest.raises(TransitionError, match=r"WARMUP_RECORDED .*cannot happen in state RUN; allowed there: REPROBE"):
+        next_state(ShaperState.RUN, ShaperEvent.WARMUP_RECORDED)
+    assert {state for state, _ in TRANSITIONS} == set(ShaperState)  # each state has a way on
 
 
 @pytest.mark.parametrize("value, expected", [("auto", None), ("AUTO", None), (None, None), (64, 64), ("64", 64)])
@@ -386,7 +415,7 @@ def auto_job(tokenized, out, model, layers, **overrides):
 def test_an_auto_run_stores_what_a_fixed_shape_run_stores(tokenized, demo_model_dir, tmp_path):
     layers = (1, 3, 4)
     messages: list[str] = []
-    auto = run_shard(auto_job(tokenized, tmp_path / "auto", demo_model_dir, layers), progress=messages.append)
+    auto = run_shard(auto_job(tokenized, tmp_path / "auto", demo_model_dir, layers), log_line=messages.append)
     run_shard(make_job(tokenized, tmp_path / "fixed", demo_model_dir, layers, batch_size=8))
     shape = auto.report.batch_shape
     assert shape.mode == "auto" and shape.probes[0].reason == "start of the shard run"

@@ -177,7 +177,7 @@ def test_out_of_memory_splits_batches_and_loses_nothing(tokenized, dense_model_d
     messages = []
     result = run_shard(
         make_job(tokenized, tmp_path / "out", dense_model_dir, (1, 4), batch_size=16, max_batch_tokens=100_000),
-        progress=messages.append,
+        log_line=messages.append,
     )
     assert result.report.oom_splits > 0
     assert result.report.final_max_batch_tokens < 100_000

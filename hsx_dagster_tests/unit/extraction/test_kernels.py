@@ -108,7 +108,7 @@ def test_the_kernels_are_in_the_metadata_the_log_and_the_report(tokenized, demo_
 
     job = make_job(tokenized, tmp_path / "out", demo_model_dir, (1, 4))
     messages: list[str] = []
-    result = run_shard(job, progress=messages.append)
+    result = run_shard(job, log_line=messages.append)
     assert any(m.startswith("shard-00: attention: sdpa; linear attention: " + PYTORCH_PATH) for m in messages)
 
     metadata = hidden_states_metadata(result, job)
