@@ -111,6 +111,20 @@ def test_outside_the_core_code_imports_only_the_subpackages_public_api():
     assert len(outside_the_core()) > 30  # the walk found the Dagster layer and the benchmarks
 
 
+def test_no_test_imports_the_benchmarks():
+    """A test reaches a benchmark through its command line (a subprocess), as a user runs it; code that both need
+    lives in the package."""
+    tests = sorted((REPO / "hsx_dagster_tests").rglob("*.py"))
+    offenders = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in tests
+        for module in sorted(imported_modules(path))
+        if module.split(".")[0] == "benchmarks"
+    ]
+    assert offenders == []
+    assert len(tests) > 40  # the walk found the tests, the trainer tests among them
+
+
 def test_no_module_over_450_lines_and_no_function_over_80_without_a_reason():
     found = [item for item in oversized() if not item.reason and not in_progress(item.path)]
     assert [str(item) for item in found] == []
