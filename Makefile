@@ -82,20 +82,20 @@ check: install
 
 bench: data
 	$(BIN)/python -m benchmarks.cpu
-	$(BIN)/python -m benchmarks.host_path
+	$(BIN)/python -m benchmarks.shared.host_path
 
 bench-regen: data
-	$(BIN)/python -m benchmarks.regeneration
+	$(BIN)/python -m benchmarks.cpu.regeneration
 
-# Resumable: a second call measures only the steps not recorded yet (python -m benchmarks.scale_run --help).
+# Resumable: a second call measures only the steps not recorded yet (python -m benchmarks.cpu.scale_run --help).
 bench-scale: data
-	$(BIN)/python -m benchmarks.scale_run
+	$(BIN)/python -m benchmarks.cpu.scale_run
 
 # Needs the core's dependencies (torch, transformers, safetensors, pyarrow, pydantic-settings, ...), not dagster:
-# runs with a GPU box's own Python when there is no .venv.
+# runs with a GPU box's own Python when there is no .venv (`-m` finds benchmarks/ here, installed or not).
 bench-gpu:
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/gpu.py
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/host_path.py --device cuda
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m benchmarks.gpu
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m benchmarks.shared.host_path --device cuda
 
 # dagster dev runs the webserver and the daemon, which evaluates the sensors: retry_failed_shards (a backfill of the
 # failed shards), observe_inputs_on_change (an observation without a run when an input changed) and hsx_automation

@@ -134,6 +134,20 @@ def test_the_tests_mirror_the_source_in_tiers():
     assert {path.name for path in (tests / "unit").iterdir() if (path / "__init__.py").is_file()} == core
 
 
+def test_no_test_imports_the_benchmarks():
+    """A test reaches a benchmark through its command line (a subprocess), as a user runs it; code that both need
+    lives in the package."""
+    tests = sorted((REPO / "hsx_dagster_tests").rglob("*.py"))
+    offenders = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in tests
+        for module in sorted(imported_modules(path))
+        if module.split(".")[0] == "benchmarks"
+    ]
+    assert offenders == []
+    assert len(tests) > 40  # the walk found the tests, the trainer tests among them
+
+
 def test_no_module_over_450_lines_and_no_function_over_80_without_a_reason():
     found = [item for item in oversized() if not item.reason and not in_progress(item.path)]
     assert [str(item) for item in found] == []

@@ -3,8 +3,11 @@
 totals (core/dataset/shard_overview.py, hsx_dagster/defs_support/shard_table.py), and the same figures in
 `python -m hsx_dagster.report`."""
 
+import json
 import math
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +15,6 @@ import pytest
 from dagster import AssetKey, instance_for_test, materialize
 
 import hsx_dagster.defs.assets.hidden_states as hidden_states_asset
-from benchmarks.progress_eta import shard_updates
 from hsx_dagster.core.dataset import LOW_FORWARD_SHARE, ShardRow, low_forward_share_note
 from hsx_dagster.core.extraction import BatchCostModel, LengthOrder, Progress, plan_batches
 from hsx_dagster.core.settings import load_settings
@@ -30,6 +32,7 @@ from hsx_dagster.defs.partitions import shard_partitions
 from hsx_dagster.defs.resources import GpuResource, HsxSettings
 from hsx_dagster.report import summary_lines
 from hsx_dagster_tests.support.helpers import write_settings
+from hsx_dagster_tests.support.paths import REPO
 
 
 @pytest.fixture
@@ -43,6 +46,15 @@ def small_settings_file(tmp_path, small_inputs, demo_model_dir):
         output_dir="out",
         extraction={"devices": ["cpu"], "batch_size": 4},
     )
+
+
+def progress_eta_rows(home: Path, out: Path) -> list[dict]:
+    """What `python -m benchmarks.cpu.progress_eta --home HOME` finds per shard in an instance: its rows."""
+    command = [sys.executable, "-m", "benchmarks.cpu.progress_eta", "--home", str(home), "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.glob("*-progress-eta.json")
+    return json.loads(path.read_text())["shards"]
 
 
 @pytest.mark.parametrize(
@@ -167,7 +179,7 @@ def test_a_low_forward_share_is_said_in_words():
 
 
 @pytest.mark.slow  # tokenizes and extracts a shard
-def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(small_settings_file, monkeypatch):
+def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(small_settings_file, monkeypatch, tmp_path):
     """Observations of the running shard's partition, carrying its progress and ETA, every
     operations.progress_every_s; the same sentence in the run log; the table of every shard on the
     materialization; and the report's table with the same units."""
@@ -189,8 +201,8 @@ def test_a_running_shard_shows_its_progress_on_its_partition_and_in_the_log(smal
         assert " of " in first["samples"].value and first["time left"].value != "unknown"
         logged = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.endswith("left.")]
         assert len(logged) == len(observations) and logged[0].startswith("shard-01: ")
-        # what benchmarks/progress_eta.py reads back: each update's time left against the real time left
-        (row,) = shard_updates(Path(instance.root_directory))
+        # what `python -m benchmarks.cpu.progress_eta` reads back: each update's time left against the real time left
+        (row,) = progress_eta_rows(Path(instance.root_directory), tmp_path / "progress-eta")
         assert (row["shard"], row["run_id"], len(row["updates"])) == ("shard-01", result.run_id, len(observations))
         assert all(update["real_s"] >= 0 and update["eta_s"] >= 0 for update in row["updates"])
 

@@ -15,12 +15,12 @@ CONTESTANTS = ("naive", "bare", "pipeline")
 
 GPU_SMOKE = """
 import runpy, sys
-sys.argv = ["benchmarks/gpu.py", "--smoke", "--results", sys.argv[1]]
+sys.argv = ["benchmarks.gpu", "--smoke", "--results", sys.argv[1]]
 try:
-    runpy.run_path("benchmarks/gpu.py", run_name="__main__")
+    runpy.run_module("benchmarks.gpu", run_name="__main__")  # python -m benchmarks.gpu
 except SystemExit as done:
     assert not done.code, done.code
-assert "dagster" not in sys.modules, "benchmarks/gpu.py imported dagster"
+assert "dagster" not in sys.modules, "benchmarks.gpu imported dagster"
 """
 
 
@@ -116,11 +116,13 @@ def test_tiny_cpu_benchmark_writes_every_section(tmp_path):
 
 
 def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_path):
-    """The host-path benchmark runs as `make bench-gpu` runs it (a script, the device's part on the given device) and
-    reports every contestant of every configuration with figures that follow from its runs."""
+    """The host-path benchmark runs as `make bench-gpu` runs it (`python -m benchmarks.shared.host_path`, the device's
+    part on the given device) and reports every contestant of every configuration with figures that follow from its
+    runs."""
     command = [
         sys.executable,
-        "benchmarks/host_path.py",
+        "-m",
+        "benchmarks.shared.host_path",
         "--smoke",
         "--results",
         str(tmp_path),
@@ -147,11 +149,11 @@ def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_
 
 
 def test_scale_run_measures_every_step_as_a_user_runs_it(tmp_path):
-    """benchmarks/scale_run.py at toy size: every step a child process of the Dagster CLI or hsx_dagster.launch,
+    """benchmarks/cpu/scale_run.py at toy size: every step a child process of the Dagster CLI or hsx_dagster.launch,
     measured (wall, CPU, the kernel's peak RSS of its processes, Dagster's own steps inside it); a second call
     finds every step recorded and measures nothing again."""
     work = tmp_path / "work"
-    command = [sys.executable, "-m", "benchmarks.scale_run", "--sizes", "24", "--shards", "1", "--files", "2",
+    command = [sys.executable, "-m", "benchmarks.cpu.scale_run", "--sizes", "24", "--shards", "1", "--files", "2",
                "--work", str(work), "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True, timeout=900)
     state = json.loads((work / "24" / "steps.json").read_text())
@@ -181,15 +183,25 @@ def test_scale_run_measures_every_step_as_a_user_runs_it(tmp_path):
 
 
 def test_scale_report_grows_and_extrapolates_each_step(tmp_path):
-    """The report's arithmetic on two sizes: growth, the straight line to 10^6, the goal at the larger size."""
-    from benchmarks.scale_report import compare
+    """The report's arithmetic on two sizes: growth, the straight line to 10^6, the goal at the larger size (the
+    scale run's `--report-only` on two sizes' steps.json files)."""
 
     def state(n: int, seconds: float, rss: int, written: int) -> dict:
-        record = {"wall_s": seconds, "cpu_s": seconds, "peak_rss_bytes": rss, "bytes_added": written,
-                  "load_before": [0.5, 0, 0], "others_cores": 0.0, "dagster_steps": []}  # fmt: skip
+        record = {"wall_s": seconds, "cpu_s": seconds, "peak_rss_bytes": rss, "peak_tree_rss_bytes": rss,
+                  "bytes_added": written, "load_before": [0.5, 0, 0], "others_cores": 0.0,
+                  "dagster_steps": []}  # fmt: skip
         return {"conversations": n, "plain_write_bytes_per_s": 10**9, "steps": {"speculators": record}}
 
-    rows = compare({20_000: state(20_000, 10.0, 10**9, 0), 200_000: state(200_000, 100.0, 1.5 * 10**9, 5 * 10**10)})
+    work = tmp_path / "work"
+    for n, figures in {20_000: (10.0, 10**9, 0), 200_000: (100.0, 1.5 * 10**9, 5 * 10**10)}.items():
+        (work / str(n)).mkdir(parents=True)
+        (work / str(n) / "steps.json").write_text(json.dumps(state(n, *figures)))
+    command = [sys.executable, "-m", "benchmarks.cpu.scale_run", "--report-only", "--sizes", "20000,200000",
+               "--work", str(work), "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (report,) = tmp_path.glob("*-scale.json")
+    rows = json.loads(report.read_text())["rows"]
     (row,) = [r for r in rows if r["step"] == "speculators export"]
     assert (row["time_growth"], row["rss_growth"], row["size_ratio"]) == (10.0, 1.5, 10.0)
     assert row["seconds_1e6"] == 500.0 and row["rss_1e6"] == round(1.5e9 + 0.5e9 / 180_000 * 800_000)

@@ -9,7 +9,7 @@ files and temporaries, and a re-run skips the whole files and writes the rest (a
 
 Workers are processes (``spawn``: none inherits the threads of a Dagster step), one per core the process may use:
 rendering a row is mostly Python (index lookup, slicing, pickling) that holds the GIL. Measured on this project's
-2-core machine, quiet, on the 20,000 files of the scale run's SpecForge export (benchmarks/export_pool.py): one
+2-core machine, quiet, on the 20,000 files of the scale run's SpecForge export (benchmarks/cpu/export_pool.py): one
 process 22.0 s, two threads 19.6 s, two processes 17.0 s with their start (each imports torch: a few seconds), so
 exports of fewer than IN_PROCESS_BELOW rows are written in-process. ``kind="thread"`` is there to measure again.
 """

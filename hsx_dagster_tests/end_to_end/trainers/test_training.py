@@ -5,21 +5,29 @@ For each, with three seeds (one seed's agreement moves with the draft's initial 
 as with the data; measured by seed in docs/benchmarks.md): the loss falls; every seed's held-out top-1 agreement
 with the target's next token beats the same training on auxiliary states shuffled between samples (the control,
 which still learns what the tokens alone tell); their mean is at least twice the control's; and fp8 storage of the
-same conversations agrees within 1 point of bf16 with the same seed. benchmarks/trainers.py runs the same proof and
-writes its table for docs/benchmarks.md."""
+same conversations agrees within 1 point of bf16 with the same seed: the proof `python -m benchmarks.cpu.trainers`
+runs, which also writes its table for docs/benchmarks.md."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks.trainers import run_proof
-
 pytestmark = pytest.mark.slow  # two extractions and fourteen short trainings: minutes on 2 cores
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(3600)
 def test_drafters_learn_from_the_export(tmp_path):
-    result = run_proof(tmp_path, conversations=160)
+    # the proof as `python -m benchmarks.cpu.trainers` runs it (seeds 0-2), read back from the JSON it writes
+    command = [sys.executable, "-m", "benchmarks.cpu.trainers", "--conversations", "160", "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3500)
+    assert done.returncode == 0, done.stderr[-6000:]
+    (path,) = tmp_path.glob("*-trainers.json")
+    result = json.loads(path.read_text())
     figures = {a: {k: (r["per_seed"], r["losses"][0], r["losses"][-1]) for k, r in runs.items()} for a, runs in
                result["runs"].items()}  # fmt: skip
     report = json.dumps(figures)

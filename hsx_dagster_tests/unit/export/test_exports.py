@@ -1,7 +1,7 @@
 """The trainer exports from the pipeline's side (no trainer installed): what speculators' and SpecForge's folders
 hold, row for row against `DrafterDataset`; bad input refused before anything is written; an interrupted export
 never complete-looking and finished by a re-run; the Dagster assets and their metadata. What the trainers' own code
-reads from these folders: hsx_dagster_tests/trainers/."""
+reads from these folders: hsx_dagster_tests/end_to_end/trainers/."""
 
 import io
 import json

@@ -1,6 +1,6 @@
 """Memory scaling: the pipeline's peak RSS extracting N samples and the same N samples K times over.
 
-Each run is a fresh child process (``python -m benchmarks.memory ...``) so that nothing another run
+Each run is a fresh child process (``python -m benchmarks.cpu.memory ...``) so that nothing another run
 allocated counts. The child reports two peaks: the whole process (``ru_maxrss``: imports and model
 loading included) and the extraction alone (the kernel's high-water mark, reset once the model is
 loaded). Streaming means the second stays flat when the work grows K-fold. The K copies have the
@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.contestants import benchmark_provenance
-from benchmarks.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
-from benchmarks.models import LAYERS, REPO, pick_samples, repeat_samples
+from benchmarks.cpu.models import LAYERS, REPO, pick_samples, repeat_samples
+from benchmarks.shared.contestants import benchmark_provenance
+from benchmarks.shared.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from hsx_dagster.core.extraction import extract_shard, load_backbone
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.model import check_model_dir, resolve_layers
@@ -32,7 +32,7 @@ def measure_memory(model_dir: Path, tokenized: Path, samples: int, factor: int, 
     runs = {}
     for times in (1, factor):
         command = [
-            sys.executable, "-m", "benchmarks.memory", "--model", str(model_dir), "--tokenized", str(tokenized),
+            sys.executable, "-m", "benchmarks.cpu.memory", "--model", str(model_dir), "--tokenized", str(tokenized),
             "--samples", str(samples), "--times", str(times), "--batch-size", str(options.batch_size),
             "--max-batch-tokens", str(options.max_batch_tokens), "--chunk-bytes", str(options.chunk_bytes),
         ]  # fmt: skip

@@ -9,9 +9,9 @@ The default model is a tiny random-weight Llama built from the demo tokenizer (`
 transformers' continuous batching, which lets one server batch concurrent requests, has no cache for
 the demo's hybrid linear-attention layers; `--model demo` serves the hybrid demo model without it.
 
-    .venv/bin/python -m benchmarks.regeneration                       # tiny Llama, continuous batching
-    .venv/bin/python -m benchmarks.regeneration --levels 1 2 4 8 16 32 --conversations 96
-    .venv/bin/python -m benchmarks.regeneration --endpoint http://127.0.0.1:8000/v1 --model /models/Qwen3-8B
+    .venv/bin/python -m benchmarks.cpu.regeneration                       # tiny Llama, continuous batching
+    .venv/bin/python -m benchmarks.cpu.regeneration --levels 1 2 4 8 16 32 --conversations 96
+    .venv/bin/python -m benchmarks.cpu.regeneration --endpoint http://127.0.0.1:8000/v1 --model /models/Qwen3-8B
 
 Writes benchmarks/results/<date>-regeneration.{json,md} (or --out).
 """
@@ -37,7 +37,7 @@ import httpx
 from hsx_dagster.core.regenerate import OpenAIBackend, regenerate
 from hsx_dagster.core.settings import RegenerateSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "data" / "models" / "tiny-qwen3_5"
 DEMO_INPUTS = [REPO / "data" / "conversations" / "demo_openai.jsonl"]
 

@@ -22,7 +22,7 @@ from hsx_dagster.core.extraction import plan_batches
 from hsx_dagster.core.model import resolve_layers
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = "demo"
 QWEN36_VOCAB = 248_320
 QWEN3_VOCAB = 151_936

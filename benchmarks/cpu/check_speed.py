@@ -1,7 +1,7 @@
 """Shard and drafter checks against a plain ``sha256sum`` of the same files, cold and warm page cache.
 
-    .venv/bin/python -m benchmarks.check_speed                 # ~1.1 GB shard, hidden 2,048, 2 rounds
-    .venv/bin/python -m benchmarks.check_speed --tokens 8000   # quicker, a smaller shard
+    .venv/bin/python -m benchmarks.cpu.check_speed                 # ~1.1 GB shard, hidden 2,048, 2 rounds
+    .venv/bin/python -m benchmarks.cpu.check_speed --tokens 8000   # quicker, a smaller shard
 
 A random-weight Llama of hidden size 2,048 (4 layers; a narrow MLP so that the CPU extracts it in minutes) is
 built next to the demo tokenizer; the demo conversations are tokenized into one shard and extracted (layers
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 2048
 
 

@@ -7,7 +7,7 @@ import platform
 
 import torch
 
-from benchmarks.report import table
+from benchmarks.shared.report import table
 
 
 def machine(device: torch.device, transformers_version: str) -> dict:
@@ -60,7 +60,7 @@ def render(results: dict) -> str:
             lines.append(
                 f"  - states to store: {r['states_gb_per_s_at_bare_pace']} GB/s at the bare forward's pace, "
                 f"{r['states_gb_per_s_pipeline']} GB/s stored by the pipeline (the host path's own rate: "
-                "benchmarks/host_path.py --device cuda)"
+                "python -m benchmarks.shared.host_path --device cuda)"
             )
         load = r.get("loading") or {}
         if "load_s" in load:

@@ -1,8 +1,8 @@
 """GPU benchmark: the pipeline against a bare forward pass and the naive design on random-weight
 models at real sizes, and the model FLOP utilisation (MFU) against the measured matmul ceiling.
 
-    python benchmarks/gpu.py            # one GPU (sized for an H200): within --budget-s, no network
-    python benchmarks/gpu.py --smoke    # the same code on the CPU with tiny configs, in seconds (tests run it)
+    python -m benchmarks.gpu            # one GPU (sized for an H200): within --budget-s, no network
+    python -m benchmarks.gpu --smoke    # the same code on the CPU with tiny configs, in seconds (tests run it)
 
 Models, built from configs (no download): a Qwen3-8B-like dense model and a Qwen3.6-27B-like hybrid
 (Gated DeltaNet linear attention + full attention, 3:1). Weights are built directly on the device:
@@ -31,19 +31,19 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or not
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # also as `python path/to/benchmarks/gpu` from anywhere, installed or not
 
-from benchmarks.gpu_models import MODELS  # noqa: E402
-from benchmarks.gpu_report import machine, render  # noqa: E402
-from benchmarks.gpu_runs import bench_model, matmul_ceiling  # noqa: E402
-from benchmarks.report import write_results  # noqa: E402
+from benchmarks.gpu.models import MODELS  # noqa: E402
+from benchmarks.gpu.report import machine, render  # noqa: E402
+from benchmarks.gpu.runs import bench_model, matmul_ceiling  # noqa: E402
+from benchmarks.shared.report import write_results  # noqa: E402
 
 MEAN_TOKENS = 335
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny configs, a few samples: checks the code in seconds"
     )

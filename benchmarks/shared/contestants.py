@@ -7,7 +7,7 @@
             copies, no I/O (the ceiling: the pipeline cannot be faster than its own forward passes)
   pipeline  hsx-dagster's engine end to end: hooks, gather, one host copy per batch, chunk writer
 
-The runners are device-agnostic: gpu.py runs the same ones on CUDA.
+The runners are device-agnostic: the GPU benchmark (benchmarks/gpu/) runs the same ones on CUDA.
 """
 
 from __future__ import annotations

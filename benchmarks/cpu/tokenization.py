@@ -12,9 +12,9 @@ busy round slows both sides). Every run's Parquet output must be byte-identical 
 own thread pool left on, as the in-process pass ran before a worker meant one core (it is not a
 setting: the benchmark turns the pipeline's switch off for that run). Runs on its own:
 
-    .venv/bin/python -m benchmarks.tokenization                 # 20,000 conversations, 3 rounds, 1 vs 2
-    .venv/bin/python -m benchmarks.tokenization --conversations 4000 --rounds 1 --workers 2
-    .venv/bin/python -m benchmarks.tokenization --threaded-baseline
+    .venv/bin/python -m benchmarks.cpu.tokenization                 # 20,000 conversations, 3 rounds, 1 vs 2
+    .venv/bin/python -m benchmarks.cpu.tokenization --conversations 4000 --rounds 1 --workers 2
+    .venv/bin/python -m benchmarks.cpu.tokenization --threaded-baseline
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
-from benchmarks.measure import median, timed
-from benchmarks.models import demo_inputs, demo_model
+from benchmarks.cpu.models import demo_inputs, demo_model
+from benchmarks.shared.measure import median, timed
 from hsx_dagster.core.inputs import tokenization, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ModelSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 THREADED = "1, tokenizer threads on"  # the reference contestant's label
 COLUMNS = ["sample_id", "input_ids", "loss_mask", "num_tokens"]
 AGENTIC_SHARE = 0.2  # of the generated corpus
@@ -149,7 +149,7 @@ def measure_workers(
 
 
 def _run_in_fresh_process(corpus: Path, out: Path, label: str) -> dict:
-    command = [sys.executable, "-m", "benchmarks.tokenization", "--one-run", label, "--corpus", str(corpus)]
+    command = [sys.executable, "-m", "benchmarks.cpu.tokenization", "--one-run", label, "--corpus", str(corpus)]
     done = subprocess.run([*command, "--out", str(out)], cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")

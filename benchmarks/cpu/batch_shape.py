@@ -26,9 +26,9 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.contestants import run_bare, run_pipeline
-from benchmarks.measure import Run, median, timed
-from benchmarks.report import table
+from benchmarks.shared.contestants import run_bare, run_pipeline
+from benchmarks.shared.measure import Run, median, timed
+from benchmarks.shared.report import table
 from hsx_dagster.core.settings import ExtractionSettings
 
 # (rows, tokens): the sweep of the issue that made auto the default, on a 2-core CPU.

@@ -1,8 +1,8 @@
 """Shard runs sharing one host: N shards of the demo launched at once, each with PyTorch's default pool (a thread per
 core, as before `extraction.host_threads`) and with `host_threads: auto` (each run's share of the cores).
 
-    python -m benchmarks.host_share                 # 8 shards at once, and one alone, 2 rounds
-    python -m benchmarks.host_share --shards 4 --rounds 1
+    python -m benchmarks.cpu.host_share                 # 8 shards at once, and one alone, 2 rounds
+    python -m benchmarks.cpu.host_share --shards 4 --rounds 1
 
 Each shard run is a process of its own (`run_shard`, as a shard run of the pipeline is), started together; the
 figure is the tokens of every shard over the time from the first start to the last end. The runs are interleaved
@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.measure import busy_cpu_seconds
-from benchmarks.models import demo_inputs, demo_root
-from benchmarks.report import table, write_results
+from benchmarks.cpu.models import demo_inputs, demo_root
+from benchmarks.shared.measure import busy_cpu_seconds
+from benchmarks.shared.report import table, write_results
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODES = ("default pool", "auto", "alone")
 
 
@@ -80,7 +80,7 @@ def launch(args: argparse.Namespace, tokenized: Path, folder: Path, shards: list
     busy, started = busy_cpu_seconds(), time.perf_counter()
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.host_share", "--batch-size", str(args.batch_size),
+            [sys.executable, "-m", "benchmarks.cpu.host_share", "--batch-size", str(args.batch_size),
              "--max-batch-tokens", str(args.max_batch_tokens), "--child", str(tokenized), str(folder), shard, threads],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     median = {mode: sorted(r["tokens_per_s"] for r in runs[mode])[len(runs[mode]) // 2] for mode in MODES}
     results = {
         "date": datetime.date.today().isoformat(),
-        "command": " ".join(["python -m benchmarks.host_share", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m benchmarks.cpu.host_share", *(argv if argv is not None else sys.argv[1:])]),
         "shards": args.shards,
         "runs": runs,
         "median_tokens_per_s": median,

@@ -16,10 +16,8 @@ import pyarrow as pa
 import torch
 import transformers
 
-from benchmarks.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline
-from benchmarks.measure import Run, median, mib, timed, tree_bytes
-from benchmarks.models import build_model, describe
-from benchmarks.storage import (
+from benchmarks.cpu.models import build_model, describe
+from benchmarks.cpu.storage import (
     BASELINE,
     REFERENCE,
     error_summary,
@@ -28,6 +26,8 @@ from benchmarks.storage import (
     relative_errors,
     storage_dtypes,
 )
+from benchmarks.shared.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline
+from benchmarks.shared.measure import Run, median, mib, timed, tree_bytes
 from hsx_dagster.core.extraction import load_backbone, padding_efficiency, plan_batches
 from hsx_dagster.core.model import check_model_dir
 from hsx_dagster.core.settings import ExtractionSettings

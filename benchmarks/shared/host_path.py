@@ -1,8 +1,8 @@
 """Host-path benchmark: what the host does with every byte of hidden states after the forward pass, at a real width.
 
-    python -m benchmarks.host_path                  # CPU (make bench): hidden 4,096 and 5,120, 4 and 6 slots, bf16, fp8
-    python benchmarks/host_path.py --device cuda    # on a GPU (make bench-gpu): the device's part on the GPU
-    python -m benchmarks.host_path --smoke          # seconds, small widths: checks the code (the tests run it)
+    python -m benchmarks.shared.host_path                # CPU (make bench): hidden 4,096, 5,120; 4, 6 slots; bf16, fp8
+    python -m benchmarks.shared.host_path --device cuda  # on a GPU (make bench-gpu): the device's part on the GPU
+    python -m benchmarks.shared.host_path --smoke        # seconds, small widths: checks the code (the tests run it)
 
 A backbone whose forward costs nothing (`FreeBackbone`: views of one random tensor of the real width) feeds
 `extract_shard` a shard of generated samples (mean 335 tokens) in a pinned shape (8,192 tokens x 64 rows). On a GPU
@@ -33,11 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from a checkout (make bench-gpu), installed or not
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a script from a checkout (its contestants' children), installed or not
 
-from benchmarks.host_path_runs import CHILD_FLAG, Config, run_child  # noqa: E402
-from benchmarks.report import table, write_results  # noqa: E402
+from benchmarks.shared.host_path_runs import CHILD_FLAG, Config, run_child  # noqa: E402
+from benchmarks.shared.report import table, write_results  # noqa: E402
 
 CONTESTANTS = ("device", "pipeline", "plain write", "sha256sum")
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = {
         "date": datetime.date.today().isoformat(),
-        "command": " ".join(["python -m benchmarks.host_path", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m benchmarks.shared.host_path", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(args.device),
         "rounds": args.rounds,
         "shape": f"{args.max_batch_tokens:,} tokens x {args.batch_size} rows",
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_child_main() -> int:
     """In a child: run one contestant (arguments after the flag, as JSON) and print what it measured."""
-    from benchmarks.host_path_runs import contestant_main
+    from benchmarks.shared.host_path_runs import contestant_main
 
     request = json.loads(sys.argv[sys.argv.index(CHILD_FLAG) + 1])
     print(json.dumps(contestant_main(request)))

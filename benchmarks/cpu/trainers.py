@@ -3,7 +3,7 @@ of the demo in a plain CPU loop, learn from it. Per algorithm and storage dtype:
 agreement with the target's next token on held-out rows, against the same training on auxiliary states shuffled
 between samples (the control).
 
-    .venv/bin/python -m benchmarks.trainers [--conversations 160] [--seeds 0,1,2]
+    .venv/bin/python -m benchmarks.cpu.trainers [--conversations 160] [--seeds 0,1,2]
     -> benchmarks/results/<date>-trainers.{json,md}; figures in docs/benchmarks.md
 
 Runs in the isolated trainer environment (hsx_dagster_tests/end_to_end/trainers/env.py builds it once). Each
@@ -30,7 +30,7 @@ from hsx_dagster.core.inputs import Conversation, iter_records, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
 from hsx_dagster_tests.end_to_end.trainers.env import run_script
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data"
 LAYERS = (1, 3, 4, 7)  # model.layers: speculators for the demo model
 # Per drafter: EAGLE-3's control (the tokens alone) catches up with more epochs, DFlash needs more to leave the
@@ -153,7 +153,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         result = run_proof(Path(work), args.conversations, seeds)
     result["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    command = f"python -m benchmarks.trainers --conversations {args.conversations} --seeds {args.seeds}"
+    command = f"python -m benchmarks.cpu.trainers --conversations {args.conversations} --seeds {args.seeds}"
     stem = args.out / f"{datetime.date.today().isoformat()}-trainers"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2))
     stem.with_suffix(".md").write_text(markdown(result, command))

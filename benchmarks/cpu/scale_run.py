@@ -1,8 +1,8 @@
 """The whole pipeline at scale, each step run as a user runs it, its wall time and peak memory measured.
 
-    .venv/bin/python -m benchmarks.scale_run                        # 2 x 10^4 and 2 x 10^5 conversations
-    .venv/bin/python -m benchmarks.scale_run --sizes 20000 --steps shards,recheck
-    .venv/bin/python -m benchmarks.scale_run --report-only          # the tables from what was measured
+    .venv/bin/python -m benchmarks.cpu.scale_run                        # 2 x 10^4 and 2 x 10^5 conversations
+    .venv/bin/python -m benchmarks.cpu.scale_run --sizes 20000 --steps shards,recheck
+    .venv/bin/python -m benchmarks.cpu.scale_run --report-only          # the tables from what was measured
 
 For each size: generated conversations (the demo's chats and 1% agentic records with tools, mean about 340 tokens) in
 ``--files`` JSON Lines files; a tiny random-weight dense Llama (8 layers, hidden ``--hidden``) beside the demo
@@ -41,10 +41,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import tree_bytes
-from benchmarks.scale_measure import Measured, peak_of, plain_write_rate, run_measured
+from benchmarks.cpu.scale_measure import Measured, peak_of, plain_write_rate, run_measured
+from benchmarks.shared.measure import tree_bytes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DEFAULT_WORK = REPO / "data" / "out" / "scale"  # git-ignored
 STEPS = ("observe", "tokenize", "shards", "recheck", "drafter", "speculators", "specforge", "report")
@@ -83,7 +83,7 @@ def build_target(folder: Path, hidden: int) -> Path:
     are hidden / 4 wide, where the demo's Qwen3 heads are 32 wide whatever the hidden size (2x slower here)."""
     if (folder / "config.json").is_file():
         return folder
-    from benchmarks.models import demo_model
+    from benchmarks.cpu.models import demo_model
     from hsx_dagster.demo.model import build_tiny_model
 
     build_tiny_model(folder, demo_model(), arch="llama", num_layers=8, hidden_size=hidden, seed=11)
@@ -95,7 +95,7 @@ def prepare(root: Path, conversations: int, args: argparse.Namespace) -> dict[st
     model are made by a child process: this one stays small (scale_measure.py)."""
     model = Path(args.work) / f"model-h{args.hidden}"
     code = (
-        "from pathlib import Path; from benchmarks.scale_run import write_inputs, build_target; "
+        "from pathlib import Path; from benchmarks.cpu.scale_run import write_inputs, build_target; "
         f"write_inputs(Path({str(root / 'inputs')!r}), {conversations}, {args.files}); "
         f"build_target(Path({str(model)!r}), {args.hidden})"
     )
@@ -137,7 +137,7 @@ def commands(shards: int) -> dict[str, list[list[str]]]:
 def dagster_steps(home: Path, since: float, measured: Measured) -> list[dict]:
     """Every Dagster step of the runs created since ``since``: its run, key, seconds and its process's peak RSS (read
     by a child process: this one stays small, see scale_measure.py)."""
-    code = f"from benchmarks.scale_run import step_events; step_events({str(home)!r}, {since!r})"
+    code = f"from benchmarks.cpu.scale_run import step_events; step_events({str(home)!r}, {since!r})"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True)
     steps = json.loads(done.stdout.strip().splitlines()[-1])
     for step in steps:
@@ -241,7 +241,7 @@ def measure_size(conversations: int, args: argparse.Namespace, selected: list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.scale_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="20000,200000", help="conversations per size, comma-separated")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"which steps, comma-separated: {','.join(STEPS)}")
     parser.add_argument("--work", default=str(DEFAULT_WORK), help="where inputs, outputs and instances go")
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for size in sizes:
             measure_size(size, args, selected)
-    from benchmarks.scale_report import write_report
+    from benchmarks.cpu.scale_report import write_report
 
     write_report(Path(args.work), sizes, args.out, args.label)
     return 0

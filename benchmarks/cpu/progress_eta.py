@@ -1,8 +1,8 @@
 """How true a running shard's time left is: every progress update of the latest run of each shard against the
 time that shard really had left until its materialization, read from a Dagster instance after the runs.
 
-    make demo && .venv/bin/python -m benchmarks.progress_eta            # the demo's instance (.dagster_home)
-    .venv/bin/python -m benchmarks.progress_eta --home path/to/dagster_home
+    make demo && .venv/bin/python -m benchmarks.cpu.progress_eta            # the demo's instance (.dagster_home)
+    .venv/bin/python -m benchmarks.cpu.progress_eta --home path/to/dagster_home
 
 Each update is an observation of the shard's `hidden_states` partition recorded by its run (the asset's
 Events tab); its `time left` is compared with the seconds from that observation to the run's
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hsx_dagster.core.units import format_duration, parse_duration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def shard_updates(home: Path) -> list[dict]:

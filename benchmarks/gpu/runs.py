@@ -13,8 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from benchmarks.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline
-from benchmarks.gpu_models import (
+from benchmarks.gpu.models import (
     MODELS,
     build_on_device,
     check_against_reference,
@@ -26,7 +25,8 @@ from benchmarks.gpu_models import (
     measure_loading,
     truncated_backbone,
 )
-from benchmarks.measure import tree_bytes
+from benchmarks.shared.contestants import CONTESTANTS, run_bare, run_naive, run_pipeline
+from benchmarks.shared.measure import tree_bytes
 from hsx_dagster.core.model import resolve_layers
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage import dtype_name
@@ -149,7 +149,7 @@ def bench_model(name, count, args, device, dtype, ceiling, out: Path, budget_s: 
 
 def _states_rates(stored: int, runs: dict[str, list[dict]]) -> dict:
     """What the host must keep pace with: the GB the pipeline stores per second at the bare forward's pace, and
-    what the pipeline stored per second (benchmarks/host_path.py measures the host path's own rate)."""
+    what the pipeline stored per second (benchmarks/shared/host_path.py measures the host path's own rate)."""
 
     def per_s(contestant: str) -> float:
         return round(stored / 1e9 / float(np.median([entry["seconds"] for entry in runs[contestant]])), 3)

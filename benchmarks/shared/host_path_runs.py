@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHILD_FLAG = "--host-path-child"
 MEAN_TOKENS = 335
 SEED = 0
@@ -44,7 +44,7 @@ class Config:
 def run_child(name: str, config: Config, scratch: Path, previous: Path | None) -> dict:
     """Run contestant ``name`` in a fresh Python process and return what it measured."""
     request = {"contestant": name, "config": config.to_dict(), "scratch": str(scratch), "previous": str(previous or "")}
-    command = [sys.executable, str(REPO / "benchmarks" / "host_path.py"), CHILD_FLAG, json.dumps(request)]
+    command = [sys.executable, str(REPO / "benchmarks" / "shared" / "host_path.py"), CHILD_FLAG, json.dumps(request)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"host path contestant {name!r} failed:\n{done.stderr[-4000:]}")
@@ -60,7 +60,7 @@ def contestant_main(request: dict) -> dict:
         return _measured(lambda: _plain_write(config, scratch))
     if name == "sha256sum":
         return _measured(lambda: _sha256sum(scratch / "pipeline"))
-    from benchmarks.host_path_work import device_only, pipeline, prepare
+    from benchmarks.shared.host_path_work import device_only, pipeline, prepare
 
     work = prepare(config)
     if name == "device":
@@ -69,7 +69,7 @@ def contestant_main(request: dict) -> dict:
 
 
 def _measured(work) -> dict:
-    from benchmarks.measure import busy_cpu_seconds, peak_rss_bytes, reset_peak_rss
+    from benchmarks.shared.measure import busy_cpu_seconds, peak_rss_bytes, reset_peak_rss
 
     reset_peak_rss()
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from benchmarks.batch_shape import render_batch_shape
-from benchmarks.cpu_runs import HEADLINE
-from benchmarks.measure import mib
-from benchmarks.models import LAYERS
-from benchmarks.report import table
-from benchmarks.tokenization import render_workers
+from benchmarks.cpu.batch_shape import render_batch_shape
+from benchmarks.cpu.models import LAYERS
+from benchmarks.cpu.runs import HEADLINE
+from benchmarks.cpu.tokenization import render_workers
+from benchmarks.shared.measure import mib
+from benchmarks.shared.report import table
 
 TARGETS = {
     "pipeline_over_bare": 0.95,

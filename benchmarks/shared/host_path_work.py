@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from benchmarks.host_path_runs import MEAN_TOKENS, SEED, Config
+from benchmarks.shared.host_path_runs import MEAN_TOKENS, SEED, Config
 from hsx_dagster.core.extraction import BackboneInfo
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage import STORAGE_DTYPES, ShardProvenance

@@ -1,6 +1,6 @@
 """Which workers write SpecForge's ``.ckpt`` files fastest here: in-process, threads or processes (file_pool.py).
 
-    .venv/bin/python -m benchmarks.export_pool --drafter data/out/scale/20000/out/drafter --rows 8000
+    .venv/bin/python -m benchmarks.cpu.export_pool --drafter data/out/scale/20000/out/drafter --rows 8000
 
 The first ``--rows`` rows of a SpecForge EAGLE-3 export of an assembled drafter dataset, written by each kind of
 pool in turn (``--rounds`` interleaved rounds, the order rotated), each run a fresh child process (as a Dagster step
@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.measure import median
-from benchmarks.report import table, write_results
+from benchmarks.shared.measure import median
+from benchmarks.shared.report import table, write_results
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("inline", "thread", "process")
 
 
@@ -43,7 +43,7 @@ def one_run(drafter: Path, out: Path, rows: int, kind: str, workers: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.export_pool", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.export_pool", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--drafter", type=Path, required=True, help="an assembled drafter dataset (with the final state)"
     )
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             load = os.getloadavg()[0]
-            command = [sys.executable, "-m", "benchmarks.export_pool", "--drafter", str(args.drafter), "--rows",
+            command = [sys.executable, "-m", "benchmarks.cpu.export_pool", "--drafter", str(args.drafter), "--rows",
                        str(args.rows), "--workers", str(args.workers), "--child", kind, str(folder)]  # fmt: skip
             done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
             run = {**json.loads(done.stdout.strip().splitlines()[-1]), "load": load}

@@ -25,10 +25,11 @@ import numpy as np
 import torch
 import transformers
 
-from benchmarks.batch_shape import measure_batch_shape, render_batch_shape, shape_samples
-from benchmarks.contestants import CONTESTANTS
-from benchmarks.cpu_report import render, targets
-from benchmarks.cpu_runs import (
+from benchmarks.cpu.batch_shape import measure_batch_shape, render_batch_shape, shape_samples
+from benchmarks.cpu.memory import measure_memory
+from benchmarks.cpu.models import DEMO, LAYERS, MODEL_NAMES, REPO, SPECS, pick_samples
+from benchmarks.cpu.report import render, targets
+from benchmarks.cpu.runs import (
     HEADLINE,
     Job,
     load_model,
@@ -39,19 +40,18 @@ from benchmarks.cpu_runs import (
     storage_section,
     throughput,
 )
-from benchmarks.memory import measure_memory
-from benchmarks.models import DEMO, LAYERS, MODEL_NAMES, REPO, SPECS, pick_samples
-from benchmarks.report import write_results
-from benchmarks.storage import (
+from benchmarks.cpu.storage import (
     storage_dtypes,
 )
-from benchmarks.tokenization import COLUMNS, measure_tokenization, measure_workers
+from benchmarks.cpu.tokenization import COLUMNS, measure_tokenization, measure_workers
+from benchmarks.shared.contestants import CONTESTANTS
+from benchmarks.shared.report import write_results
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.settings import ExtractionSettings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--samples", type=int, default=160, help="about this many demo samples (whole batches), for every run"
     )

@@ -1,7 +1,7 @@
 """What `DrafterDataset`'s index costs per process at 10^6 samples, in the parent and in forked DataLoader workers.
 
-    .venv/bin/python -m benchmarks.reader_memory                       # 10^6 samples, 4 workers, 2 rounds each
-    .venv/bin/python -m benchmarks.reader_memory --samples 100000 --rounds 1   # quicker
+    .venv/bin/python -m benchmarks.cpu.reader_memory                       # 10^6 samples, 4 workers, 2 rounds each
+    .venv/bin/python -m benchmarks.cpu.reader_memory --samples 100000 --rounds 1   # quicker
 
 A small drafter dataset is extracted from the demo (CPU, a minute), then its index is tiled to ``--samples`` rows
 (every row a real sample of a demo chunk, so a pass reads real tensors). Each round is a fresh child process:
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def private_bytes(pid: int | str = "self", fields: tuple[str, ...] = ("Private_Dirty", "Private_Clean")) -> int:
@@ -164,7 +164,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for contestant in ("arrays", "lists"):  # interleaved: machine noise hits both alike
                 load = load_average()
-                command = [sys.executable, "-m", "benchmarks.reader_memory", "--child", str(dataset), contestant,
+                command = [sys.executable, "-m", "benchmarks.cpu.reader_memory", "--child", str(dataset), contestant,
                            "--workers", str(args.workers), "--batch-size", str(args.batch_size)]  # fmt: skip
                 done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
                 if done.returncode:

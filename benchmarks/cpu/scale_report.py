@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.report import table, write_results
+from benchmarks.shared.report import table, write_results
 
 TARGET_N = 1_000_000
 GOAL_EXTRA_S = 120.0
