@@ -141,7 +141,10 @@ def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_
         assert pipeline["bytes"] == runs["sha256sum"][0]["bytes"] > 0  # sha256sum hashed what the pipeline stored
         assert runs["device"][0]["bytes"] <= pipeline["bytes"]  # the states, ids and masks; the chunks add headers
         assert summary["stored_gb"] == round(pipeline["bytes"] / 1e9, 3)
-        assert summary["pipeline_gb_per_s"] == pytest.approx(pipeline["bytes"] / 1e9 / pipeline["wall_s"], rel=0.01)
+        # the report rounds to 4 decimals: a smoke run on a busy machine stores at a few MB/s
+        assert summary["pipeline_gb_per_s"] == pytest.approx(
+            pipeline["bytes"] / 1e9 / pipeline["wall_s"], rel=0.01, abs=5e-5
+        )
         host = (pipeline["cpu_s"] - runs["device"][0]["cpu_s"]) / (pipeline["bytes"] / 1e9)
         assert summary["host_cpu_s_per_gb"] == pytest.approx(host, rel=0.01, abs=0.01)
     assert not list(tmp_path.glob("host-path-*"))  # every run's scratch folder is gone
