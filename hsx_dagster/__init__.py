@@ -11,7 +11,7 @@ __all__ = ["DrafterDataset", "__version__", "collate_drafter_batch"]
 def __getattr__(name: str) -> object:
     # The reader imports torch; keep `import hsx_dagster.core.settings` and the CLI light.
     if name in ("DrafterDataset", "collate_drafter_batch"):
-        from hsx_dagster.core.dataset import reader
+        import hsx_dagster.core.dataset
 
-        return getattr(reader, name)
+        return getattr(hsx_dagster.core.dataset, name)
     raise AttributeError(f"module 'hsx_dagster' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The trainer-facing dataset: assembly over shards, the reader (`DrafterDataset`) and its quality checks.
 
-Kept free of imports: `from hsx_dagster import DrafterDataset` must load the reader alone.
+Its names load lazily: `from hsx_dagster import DrafterDataset` must load the reader alone (test_layout.py).
 """
 
 from typing import TYPE_CHECKING

@@ -1,4 +1,10 @@
-"""model"""
+"""What the pipeline knows about the target model, before and while it loads:
+
+- `info`: `ModelInfo`, read once from ``config.json`` and the weight index (layers, hidden size, dtype, weight
+  names and their text prefix), and `check_model_dir`, which names what is missing;
+- `layers`: the layer presets (``eagle3``, ``dflash-N``) and explicit ids, resolved against the layer count;
+- `transformers_internals`: the seam over transformers' private API (attention flags, kernel fallbacks).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -1,4 +1,14 @@
-"""settings"""
+"""The settings: one file (hsx.yaml or `HSX_CONFIG`), overridable from the environment, validated before any
+expensive work.
+
+- `schema`: every key with its type, default and description, declared once (`Settings` and its sections);
+- `loading`: `load_settings` reads the file and the environment, resolves paths and checks the model directory;
+- `choices`: the values a choice may take, and the one parser of ``auto`` or a positive integer;
+- `errors`: `SettingsError`, naming the file, the key and the bad value;
+- `reference`: the table of docs/configuration.md, generated from `schema`.
+
+Loaded lazily: the trainer-side reader reaches `choices` through the storage format without pydantic.
+"""
 
 from typing import TYPE_CHECKING
 
