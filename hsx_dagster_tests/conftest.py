@@ -69,7 +69,7 @@ def llama3_tokenizer(demo_model_dir, tmp_path_factory):
     """The demo vocabulary behind a Llama-3-style template: a second, different chat template."""
     from transformers import AutoTokenizer
 
-    from hsx_dagster.demo.tokenizer import make_llama3_style_tokenizer
+    from hsx_dagster_tests.support.llama3_tokenizer import make_llama3_style_tokenizer
 
     out = tmp_path_factory.mktemp("llama3-tokenizer")
     make_llama3_style_tokenizer(demo_model_dir, out)

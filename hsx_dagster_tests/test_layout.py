@@ -199,3 +199,53 @@ def test_the_readme_is_short_and_its_layout_names_the_tree_as_it_is():
         if (path / "__init__.py").is_file()
     ]
     assert [folder for folder in folders if folder not in named] == []  # nothing missing
+
+
+def load_time_imports(path: Path, module: str) -> set[str]:
+    """The package's modules that importing ``module`` imports at once: its module-level imports, not those inside
+    functions or under TYPE_CHECKING; a name from a core subpackage counts as the module its EXPORTS name."""
+    found = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                exports = CORE_EXPORTS.get(node.module, {})
+                target = f"{node.module}.{exports[alias.name]}" if alias.name in exports else node.module
+                found.add(target if target != module else node.module)
+                found.add(f"{node.module}.{alias.name}")  # a submodule, where it is one
+    return found
+
+
+CORE_EXPORTS = {
+    f"hsx_dagster.core.{name}": {
+        export: module
+        for module, names in importlib.import_module(f"hsx_dagster.core.{name}").EXPORTS.items()
+        for export in names
+    }
+    for name in CORE_RANKS
+}
+
+
+def test_no_import_cycle_in_the_package():
+    modules = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+    graph = {name: sorted(load_time_imports(path, name) & set(modules)) for name, path in modules.items()}
+    cycles, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the current path, 2 done
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in graph[name]:
+            if state[target] == 1:
+                cycles.append(" -> ".join([*trail[trail.index(target) :], target]))
+            elif state[target] == 0:
+                visit(target, [*trail, target])
+        state[name] = 2
+
+    for name in graph:
+        if state[name] == 0:
+            visit(name, [name])
+    assert cycles == []
+    assert len(graph) > 100 and sum(map(len, graph.values())) > 300  # the walk found the package and its imports

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from hsx_dagster.core.inputs import THINK_CLOSE, THINK_OPEN
 
@@ -30,7 +30,6 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
-LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 # Qwen3's chat template, function calling included: with ``tools`` a system block lists the tool
 # schemas (one JSON per line inside ``<tools>``, after the system prompt); an assistant turn writes its
@@ -134,17 +133,6 @@ QWEN3_STYLE_CHAT_TEMPLATE = """\
 {%- endif %}
 """
 
-# Llama-3-Instruct layout: BOS in the template, headers around the role, trimmed content.
-LLAMA3_STYLE_CHAT_TEMPLATE = """\
-{{- '<|begin_of_text|>' }}
-{%- for message in messages %}
-    {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
-{%- endif %}
-"""
-
 
 def _special(token: str) -> AddedToken:
     return AddedToken(token, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
@@ -187,21 +175,3 @@ def train_demo_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTra
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike[str]) -> None:
     """Save with the chat template inside tokenizer_config.json, as Qwen3 checkpoints ship it."""
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
-
-
-def make_llama3_style_tokenizer(
-    base_tokenizer_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
-) -> PreTrainedTokenizerBase:
-    """Save a copy of the demo tokenizer with Llama-3 special tokens and chat template.
-
-    Same BPE merges, different control tokens, BOS baked into the template and
-    ``eos_token='<|eot_id|>'``: a second template for tests that must not assume ChatML.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(base_tokenizer_dir)
-    tokenizer.add_special_tokens(
-        {"extra_special_tokens": list(LLAMA3_SPECIAL_TOKENS)}, replace_extra_special_tokens=False
-    )
-    tokenizer.eos_token = "<|eot_id|>"
-    tokenizer.chat_template = LLAMA3_STYLE_CHAT_TEMPLATE
-    save_tokenizer(tokenizer, out_dir)
-    return tokenizer

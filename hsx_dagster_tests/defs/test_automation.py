@@ -20,7 +20,7 @@ from dagster import (
 from hsx_dagster.core.fingerprints import code_versions
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage import read_index
-from hsx_dagster.definitions import build_definitions
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster.defs_support.dagster_internals import StaleStatus
 from hsx_dagster_tests.support.dagster_internals import stale_status
 from hsx_dagster_tests.support.helpers import write_settings

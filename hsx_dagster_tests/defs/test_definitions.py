@@ -12,10 +12,10 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, instance_for_test
 
 from hsx_dagster.core.inputs import TokenizedSummary
 from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.definitions import build_definitions
 from hsx_dagster.defs.assets.drafter import drafter_dataset
 from hsx_dagster.defs.assets.hidden_states import build_hidden_states
 from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster.defs.checks import drafter_checks, tokenized_dataset_consistent
 from hsx_dagster.defs.partitions import shard_partitions
 from hsx_dagster.defs.resources import GpuResource, HsxSettings

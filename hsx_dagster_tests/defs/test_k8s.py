@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.definitions import build_definitions
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster_tests.support.helpers import write_settings
 from hsx_dagster_tests.support.paths import REPO
 

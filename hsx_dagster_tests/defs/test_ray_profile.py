@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hsx_dagster.core.settings import SettingsError, load_settings
-from hsx_dagster.definitions import build_definitions
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster_tests.support.helpers import write_settings
 from hsx_dagster_tests.support.paths import REPO
 

@@ -15,9 +15,9 @@ from dagster import (
 )
 
 from hsx_dagster.core.settings import Settings, load_settings
-from hsx_dagster.definitions import build_definitions
 from hsx_dagster.defs.assets.hidden_states import build_hidden_states
 from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster.defs.partitions import shard_partitions
 from hsx_dagster.defs.resources import GpuResource, HsxSettings
 from hsx_dagster.defs.sensors.retries import RETRY_REASONS_TAG, RETRY_TAG

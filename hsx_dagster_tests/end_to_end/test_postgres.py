@@ -19,7 +19,7 @@ import yaml
 from dagster import AssetKey, AssetPartitionStatus, DagsterInstance, build_sensor_context
 
 from hsx_dagster.core.settings import load_settings
-from hsx_dagster.definitions import build_definitions
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster.defs_support import pools
 from hsx_dagster.defs_support.dagster_internals import pool_limits
 from hsx_dagster.defs_support.pools import prepare_pool

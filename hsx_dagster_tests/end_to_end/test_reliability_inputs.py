@@ -20,13 +20,12 @@ from hsx_dagster.core.inputs import (
     RejectReason,
     TemplateError,
     TokenizedDataError,
-    read_rejects,
     read_tokenized_shard,
     tokenization,
 )
 from hsx_dagster.core.settings import SettingsError, load_settings
 from hsx_dagster.core.shard_keys import check_shard_key
-from hsx_dagster_tests.support.helpers import tokenize
+from hsx_dagster_tests.support.helpers import read_rejects, tokenize
 
 CORPUS = Path(__file__).parent / "data" / "bad_inputs"
 MAX_LENGTH = 64

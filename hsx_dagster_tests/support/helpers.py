@@ -13,13 +13,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from hsx_dagster.core.extraction import ShardJob
 from hsx_dagster.core.inputs import TokenizedSummary, tokenize_dataset
 from hsx_dagster.core.model import ModelInfo
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
-from hsx_dagster.core.storage import ChunkLayout, ShardProvenance, StoredLayers
+from hsx_dagster.core.storage import TOKENIZED_REJECTS_FILE, ChunkLayout, ShardProvenance, StoredLayers
 
 _MODEL_KEYS = {"include_final", "trust_remote_code"}
 _JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget"}
@@ -160,3 +162,8 @@ def build_drafter_dataset(
     assemble(out / "tokenized", out / "hidden_states", list(shards), out / "drafter", val_fraction=val_fraction,
              settings={"test": True})  # fmt: skip
     return out
+
+
+def read_rejects(tokenized_dir: Path) -> pa.Table:
+    """The tokenized dataset's rejects (rejects.parquet): source, location and reason of every record left out."""
+    return pq.read_table(Path(tokenized_dir) / TOKENIZED_REJECTS_FILE)

@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     )
     from hsx_dagster.core.dataset.shard_checks import (
         check_shard as check_shard,
-        check_shard_coverage as check_shard_coverage,
-        check_shard_integrity as check_shard_integrity,
-        check_shard_numerics as check_shard_numerics,
     )
     from hsx_dagster.core.dataset.shard_overview import (
         LOW_FORWARD_SHARE as LOW_FORWARD_SHARE,
@@ -56,7 +53,7 @@ EXPORTS = {
     ],
     "manifest": ["Manifest"],
     "reader": ["DatasetError", "DrafterDataset", "collate_drafter_batch"],
-    "shard_checks": ["check_shard", "check_shard_coverage", "check_shard_integrity", "check_shard_numerics"],
+    "shard_checks": ["check_shard"],
     "shard_overview": [
         "LOW_FORWARD_SHARE",
         "SPEED_COLUMNS",

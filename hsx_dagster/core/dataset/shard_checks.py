@@ -279,23 +279,3 @@ def check_shard(shard_dir: Path, tokenized_dir: Path, shard: str, *, heal: bool 
         )
     speed = scan.figures()
     return {name: CheckOutcome(o.passed, o.description, {**o.metadata, **speed}) for name, o in outcomes.items()}
-
-
-def check_shard_coverage(shard_dir: Path, tokenized_dir: Path, shard: str) -> CheckOutcome:
-    return check_shard(shard_dir, tokenized_dir, shard)["shard_coverage"]
-
-
-def check_shard_integrity(shard_dir: Path) -> CheckOutcome:
-    """Every committed chunk's checksum, samples and header as recorded; the layout from shard.json."""
-    try:
-        return integrity_outcome(scan_shard(Path(shard_dir)))
-    except (StoreError, ModelDirError) as exc:
-        return CheckOutcome(False, f"integrity: {exc}", {"problems": 1})
-
-
-def check_shard_numerics(shard_dir: Path) -> CheckOutcome:
-    """No NaN or Inf in the shard's states; per-layer statistics."""
-    try:
-        return numerics_outcome(scan_shard(Path(shard_dir)))
-    except (StoreError, ModelDirError) as exc:
-        return CheckOutcome(False, f"numerics: {exc}", {"problems": 1})

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hsx_dagster.core.shard_keys import check_shard_key
-from hsx_dagster.core.storage.format import TOKENIZED_REJECTS_FILE, TOKENIZED_SUMMARY_FILE, tokenized_shard_file
+from hsx_dagster.core.storage.format import TOKENIZED_SUMMARY_FILE, tokenized_shard_file
 
 HISTOGRAM_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -198,7 +198,3 @@ def tokenized_shard_keys(tokenized_dir: Path) -> list[str]:
         return [entry.shard for entry in TokenizedSummary.read(Path(tokenized_dir)).shards]
     except FileNotFoundError:
         return []
-
-
-def read_rejects(tokenized_dir: Path) -> pa.Table:
-    return pq.read_table(Path(tokenized_dir) / TOKENIZED_REJECTS_FILE)

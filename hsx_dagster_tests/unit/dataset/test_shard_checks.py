@@ -18,23 +18,32 @@ from dagster import AssetKey, DagsterInstance, build_sensor_context, instance_fo
 from safetensors import safe_open
 from safetensors.torch import save
 
-from hsx_dagster.core.dataset import (
-    DrafterDataset,
-    check_shard,
-    check_shard_coverage,
-    check_shard_integrity,
-    check_shard_numerics,
-)
+from hsx_dagster.core.check_outcome import CheckOutcome
+from hsx_dagster.core.dataset import DrafterDataset, check_shard
+from hsx_dagster.core.dataset.shard_checks import integrity_outcome, numerics_outcome, scan_shard
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage import read_index
-from hsx_dagster.definitions import build_definitions
 from hsx_dagster.defs.assets.drafter import drafter_dataset
 from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster.defs.checks import SHARD_CHECKS
 from hsx_dagster.defs.resources import HsxSettings
 from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
 from hsx_dagster_tests.support.dagster_internals import backfill_partitions
 from hsx_dagster_tests.support.helpers import write_settings
+
+
+# One check at a time, as the tests read them (the pipeline runs all three from one read: `check_shard`).
+def check_shard_coverage(shard_dir: Path, tokenized_dir: Path, shard: str) -> CheckOutcome:
+    return check_shard(shard_dir, tokenized_dir, shard)["shard_coverage"]
+
+
+def check_shard_integrity(shard_dir: Path) -> CheckOutcome:
+    return integrity_outcome(scan_shard(shard_dir))
+
+
+def check_shard_numerics(shard_dir: Path) -> CheckOutcome:
+    return numerics_outcome(scan_shard(shard_dir))
 
 
 @pytest.fixture(scope="module")

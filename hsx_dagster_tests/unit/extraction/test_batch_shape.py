@@ -369,7 +369,7 @@ def test_auto_and_numbers_reach_the_gpu_resource_from_every_entry_point(tmp_path
     from dagster import RunConfig, validate_run_config
 
     from hsx_dagster.core.settings import load_settings
-    from hsx_dagster.definitions import build_definitions
+    from hsx_dagster.defs.build import build_definitions
     from hsx_dagster.defs.resources import GpuResource
 
     settings_file = write_settings(

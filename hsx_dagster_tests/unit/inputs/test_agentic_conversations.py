@@ -27,12 +27,11 @@ from hsx_dagster.core.inputs import (
     TemplateMarkers,
     TokenizedSummary,
     iter_records,
-    read_rejects,
     render,
 )
 from hsx_dagster.core.storage import tokenized_shard_file
 from hsx_dagster.demo.build import AGENTIC_PATH, AGENTIC_SHAREGPT_PATH
-from hsx_dagster_tests.support.helpers import tokenize
+from hsx_dagster_tests.support.helpers import read_rejects, tokenize
 from hsx_dagster_tests.support.paths import REPO
 from hsx_dagster_tests.support.sweeps import densities, every_nth
 

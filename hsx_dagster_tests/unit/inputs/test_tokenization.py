@@ -10,13 +10,12 @@ from hsx_dagster.core.inputs import (
     RejectReason,
     TemplateError,
     TokenizedSummary,
-    read_rejects,
     read_tokenized_shard,
     tokenization,
     workers,
 )
 from hsx_dagster.core.storage import SAMPLE_SCHEMA
-from hsx_dagster_tests.support.helpers import tokenize
+from hsx_dagster_tests.support.helpers import read_rejects, tokenize
 from hsx_dagster_tests.support.paths import SHARED_SAMPLE
 
 

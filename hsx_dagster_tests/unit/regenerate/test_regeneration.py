@@ -36,11 +36,11 @@ from hsx_dagster.core.regenerate import (
 )
 from hsx_dagster.core.settings import ExtractionSettings, RegenerateSettings, SettingsError, load_settings
 from hsx_dagster.core.storage import StoreError
-from hsx_dagster.definitions import build_definitions
 from hsx_dagster.defs.assets.drafter import drafter_dataset
 from hsx_dagster.defs.assets.hidden_states import build_hidden_states
 from hsx_dagster.defs.assets.regenerated import downstream_of_regeneration, regenerated_conversations
 from hsx_dagster.defs.assets.tokenized import tokenized_dataset
+from hsx_dagster.defs.build import build_definitions
 from hsx_dagster.defs.checks import drafter_checks, regenerated_conversations_complete, tokenized_dataset_consistent
 from hsx_dagster.defs.partitions import shard_partitions
 from hsx_dagster.defs.resources import GeneratorResource, GpuResource, HsxSettings
