@@ -11,13 +11,12 @@ runs, which also writes its table for docs/benchmarks.md."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # two extractions and fourteen short trainings: minutes on 2 cores
+from hsx_dagster_tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # two extractions and fourteen short trainings: minutes on 2 cores
 
 
 @pytest.mark.timeout(3600)

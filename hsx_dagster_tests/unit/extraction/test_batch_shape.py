@@ -542,7 +542,7 @@ def test_an_auto_run_killed_during_the_probe_resumes_without_losing_or_duplicati
     import signal
 
     from hsx_dagster.core.storage import read_index
-    from hsx_dagster_tests import shard_child
+    from hsx_dagster_tests.support import shard_child
 
     out = tmp_path / "shard-00"
     job = auto_keys(tokenized, out, demo_model_dir, (1, 3), chunk_bytes=1)
