@@ -8,3 +8,7 @@ shared/  what both use: timing and memory measures, the report files, the naive 
          the host-path benchmark (`python -m benchmarks.shared.host_path`) that `make bench` and `make bench-gpu` run
 results/ the committed results, `<date>-<benchmark>.{json,md}`
 """
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout the benchmarks run from and write their results into

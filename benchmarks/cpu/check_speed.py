@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks import REPO
+
 HIDDEN = 2048
 
 

@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import REPO
 from benchmarks.shared.measure import median
 from benchmarks.shared.report import table, write_results
 
-REPO = Path(__file__).resolve().parents[2]
 KINDS = ("inline", "thread", "process")
 
 

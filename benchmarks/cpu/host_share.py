@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import REPO
 from benchmarks.cpu.models import demo_inputs, demo_root
 from benchmarks.shared.measure import busy_cpu_seconds
 from benchmarks.shared.report import table, write_results
 
-REPO = Path(__file__).resolve().parents[2]
 MODES = ("default pool", "auto", "alone")
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from benchmarks import REPO
 from hsx_dagster.core.extraction import plan_batches
 from hsx_dagster.core.model import resolve_layers
 from hsx_dagster.demo.build import MODEL_PATH, OPENAI_PATH, SHAREGPT_PATH, build_demo
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO = "demo"
 QWEN36_VOCAB = 248_320
 QWEN3_VOCAB = 151_936

@@ -20,9 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from benchmarks import REPO
 from hsx_dagster.core.units import format_duration, parse_duration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def shard_updates(home: Path) -> list[dict]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks import REPO
 
 
 def private_bytes(pid: int | str = "self", fields: tuple[str, ...] = ("Private_Dirty", "Private_Clean")) -> int:

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import REPO
 from hsx_dagster.core.regenerate import OpenAIBackend, regenerate
 from hsx_dagster.core.settings import RegenerateSettings
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "data" / "models" / "tiny-qwen3_5"
 DEMO_INPUTS = [REPO / "data" / "conversations" / "demo_openai.jsonl"]
 

@@ -41,10 +41,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks import REPO
 from benchmarks.cpu.scale_measure import Measured, peak_of, plain_write_rate, run_measured
 from benchmarks.shared.measure import tree_bytes
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DEFAULT_WORK = REPO / "data" / "out" / "scale"  # git-ignored
 STEPS = ("observe", "tokenize", "shards", "recheck", "drafter", "speculators", "specforge", "report")

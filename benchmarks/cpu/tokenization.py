@@ -30,12 +30,12 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+from benchmarks import REPO
 from benchmarks.cpu.models import demo_inputs, demo_model
 from benchmarks.shared.measure import median, timed
 from hsx_dagster.core.inputs import tokenization, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ModelSettings
 
-REPO = Path(__file__).resolve().parents[2]
 THREADED = "1, tokenizer threads on"  # the reference contestant's label
 COLUMNS = ["sample_id", "input_ids", "loss_mask", "num_tokens"]
 AGENTIC_SHARE = 0.2  # of the generated corpus

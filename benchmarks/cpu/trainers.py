@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import REPO
 from hsx_dagster.core.dataset import assemble
 from hsx_dagster.core.export import export_speculators
 from hsx_dagster.core.extraction import ShardJob, run_shard
@@ -30,7 +31,6 @@ from hsx_dagster.core.inputs import Conversation, iter_records, tokenize_dataset
 from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, ModelSettings
 from hsx_dagster_tests.end_to_end.trainers.env import run_script
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data"
 LAYERS = (1, 3, 4, 7)  # model.layers: speculators for the demo model
 # Per drafter: EAGLE-3's control (the tokens alone) catches up with more epochs, DFlash needs more to leave the

@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from benchmarks import REPO
 from hsx_dagster.core.extraction import BackboneInfo
 from hsx_dagster.core.model import attn_implementation_in_use
 from hsx_dagster.core.storage import StoredLayers, dtype_name
 
-REPO = Path(__file__).resolve().parents[2]
 _NORM_VALUES: dict[type, float] = {}  # the value a norm weight starts at, per norm class
 
 

@@ -16,7 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks import REPO
+
 CHILD_FLAG = "--host-path-child"
 MEAN_TOKENS = 335
 SEED = 0
