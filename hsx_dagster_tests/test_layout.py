@@ -201,9 +201,10 @@ def test_the_readme_is_short_and_its_layout_names_the_tree_as_it_is():
     assert [folder for folder in folders if folder not in named] == []  # nothing missing
 
 
-def load_time_imports(path: Path, module: str) -> set[str]:
-    """The package's modules that importing ``module`` imports at once: its module-level imports, not those inside
-    functions or under TYPE_CHECKING; a name from a core subpackage counts as the module its EXPORTS name."""
+def load_time_imports(path: Path) -> set[str]:
+    """The package's modules that importing the module at ``path`` imports at once: its module-level imports, not
+    those inside functions or under TYPE_CHECKING; a name from a core subpackage counts as the module its EXPORTS
+    name."""
     found = set()
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Import):
@@ -212,7 +213,7 @@ def load_time_imports(path: Path, module: str) -> set[str]:
             for alias in node.names:
                 exports = CORE_EXPORTS.get(node.module, {})
                 target = f"{node.module}.{exports[alias.name]}" if alias.name in exports else node.module
-                found.add(target if target != module else node.module)
+                found.add(target)
                 found.add(f"{node.module}.{alias.name}")  # a submodule, where it is one
     return found
 
@@ -232,7 +233,7 @@ def test_no_import_cycle_in_the_package():
         ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
         for path in sorted(PACKAGE.rglob("*.py"))
     }
-    graph = {name: sorted(load_time_imports(path, name) & set(modules)) for name, path in modules.items()}
+    graph = {name: sorted(load_time_imports(path) & set(modules)) for name, path in modules.items()}
     cycles, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the current path, 2 done
 
     def visit(name: str, trail: list[str]) -> None:

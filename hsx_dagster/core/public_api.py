@@ -10,6 +10,7 @@ both lists agree and that every name resolves.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,14 +26,10 @@ def lazy_exports(
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f"{package}.{module}"), name)
-        globals_of(package)[name] = value  # later lookups skip __getattr__
+        setattr(sys.modules[package], name, value)  # later lookups skip __getattr__
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(globals_of(package)) | set(home))
+        return sorted(set(vars(sys.modules[package])) | set(home))
 
     return sorted(home), __getattr__, __dir__
-
-
-def globals_of(package: str) -> dict[str, Any]:
-    return vars(importlib.import_module(package))
