@@ -110,12 +110,15 @@ def outside_the_core() -> list[Path]:
 ENTRY_MODULES = {
     "hsx_dagster.core.export.hs_backend": "speculators' `hsx` backend: needs hs_connectors, their env only"
 }
+# Files that also run an earlier checkout's code, whose subpackages had no public API yet.
+EARLIER_CHECKOUTS = {"benchmarks/shared/host_path_work.py": "the host-path benchmark's --previous contestant"}
 
 
 def test_outside_the_core_code_imports_only_the_subpackages_public_api():
     past = [
         f"{path.relative_to(REPO)} imports {module}"
         for path in outside_the_core()
+        if str(path.relative_to(REPO)) not in EARLIER_CHECKOUTS
         for module in imported_modules(path)
         if module.startswith("hsx_dagster.core.")
         and module.split(".")[2] in CORE_RANKS

@@ -2,11 +2,14 @@
 generated samples, and the two ways through them (the device's part alone, the whole pipeline).
 
 Imported after ``--previous`` may have put an earlier checkout first on ``sys.path``: the pipeline contestant then
-runs that version's `extract_shard` (its signature has not changed), the device contestant always this one's.
+runs that version's `extract_shard`, the device contestant always this one's. So what both versions run is imported
+by the module paths every version has (the subpackages declared a public API only later), and `extract_shard`'s
+logging callback is passed by the name that version's signature has (`progress` before `log_line`).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +18,10 @@ import pyarrow as pa
 import torch
 
 from benchmarks.shared.host_path_runs import MEAN_TOKENS, SEED, Config
-from hsx_dagster.core.extraction import BackboneInfo
+from hsx_dagster.core.extraction.backbone import BackboneInfo
 from hsx_dagster.core.settings import ExtractionSettings
-from hsx_dagster.core.storage import STORAGE_DTYPES, ShardProvenance
+from hsx_dagster.core.storage.format import STORAGE_DTYPES
+from hsx_dagster.core.storage.provenance import ShardProvenance
 
 VOCABULARY = 32_000
 
@@ -93,15 +97,20 @@ def _lengths(tokens: int) -> np.ndarray:
 
 def pipeline(work: Work, folder: Path) -> int:
     """`extract_shard` into ``folder``; the bytes stored."""
-    from hsx_dagster.core.extraction import extract_shard
-    from hsx_dagster.core.storage import ShardStore, read_index
+    from hsx_dagster.core.extraction.engine import extract_shard
+    from hsx_dagster.core.storage.shard_store import ShardStore, read_index
 
+    quiet = {"log_line" if "log_line" in inspect.signature(extract_shard).parameters else "progress": _ignore}
     with ShardStore(folder, work.provenance) as store:
         extract_shard(
             "shard-00", work.samples, work.backbone, store, work.extraction,
-            work.provenance.chunk_metadata(work.config.hidden), log_line=lambda message: None,
+            work.provenance.chunk_metadata(work.config.hidden), **quiet,
         )  # fmt: skip
     return sum(record.bytes for record in read_index(folder))
+
+
+def _ignore(message: str) -> None:
+    """The run's messages, not shown: the benchmark prints its own."""
 
 
 def device_only(work: Work) -> int:
