@@ -5,6 +5,9 @@ that need no GPU (Ray only counts them and sets CUDA_VISIBLE_DEVICES for each jo
 node starts, however deep (raylet, workers, a job's driver and its children, even those Ray detaches into
 their own session), inherits a marker in its environment; stopping or killing a node sends SIGKILL to exactly
 the processes that carry its marker, by pid. Nothing else on the machine is touched (no `ray stop`).
+
+The cluster runs with token authentication, as docs/security.md says: `RAY_AUTH_MODE=token` on every node and every
+client, the token in a file only its owner reads (`RAY_AUTH_TOKEN_PATH`), never on a command line.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -119,13 +123,32 @@ class RayCluster:
     gcs_port: int = 0
 
     @property
+    def token_file(self) -> Path:
+        return self.root.parent / "ray-auth-token"
+
+    @property
+    def token(self) -> str:
+        return self.token_file.read_text().strip()
+
+    @property
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0"}
+        """What every node and every client of the cluster runs with: the token's file, never the token."""
+        return {
+            **{key: value for key, value in os.environ.items() if key != "RAY_AUTH_TOKEN"},
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token_file),
+        }
 
     def start(self, timeout_s: float = 180.0) -> None:
+        self.token_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secrets.token_hex(32))
         ports = dict(zip(HEAD_PORTS, free_ports(len(HEAD_PORTS))))
         self.gcs_port, self.dashboard_port = ports["port"], ports["dashboard-port"]
         head_args = [
