@@ -208,30 +208,37 @@ class RayCluster:
     def node(self, name: str) -> RayNode:
         return next(node for node in self.nodes if node.name == name)
 
+    def auth_headers(self) -> dict[str, str]:
+        """This process's credentials, sent explicitly: its Ray library read RAY_AUTH_MODE when first imported."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def job_client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.dashboard_url, headers=self.auth_headers())
+
+    def _state(self, resource: str, **options) -> list:
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        client = StateApiClient(self.dashboard_url, headers={"Content-Type": "application/json", **self.auth_headers()})
+        return client.list(
+            StateResource(resource), options=ListApiOptions(timeout=10, **options), raise_on_missing_output=False
+        )
+
     def alive_nodes(self) -> list[dict]:
         """Ray's view of its nodes (state API): node_id, is_head_node, state, resources_total."""
-        from ray.util.state import list_nodes
-
         return [
             {"node_id": n.node_id, "is_head_node": n.is_head_node, "resources_total": n.resources_total}
-            for n in list_nodes(address=self.dashboard_url, timeout=10, raise_on_missing_output=False)
+            for n in self._state("nodes")
             if n.state == "ALIVE"
         ]
 
     def gpus_by_job(self) -> dict[str, float]:
         """Ray job submission id -> the GPUs Ray gave its driver (what its supervisor actor holds, per the state
         API: the resources the job asked for)."""
-        from ray.util.state import list_actors
-
         prefix = "_ray_internal_job_actor_"
-        actors = list_actors(
-            address=self.dashboard_url,
-            filters=[("class_name", "=", "JobSupervisor")],
-            detail=True,
-            limit=1000,
-            timeout=10,
-            raise_on_missing_output=False,
-        )
+        actors = self._state("actors", filters=[("class_name", "=", "JobSupervisor")], detail=True, limit=1000)
         return {
             actor.name[len(prefix) :]: float((actor.required_resources or {}).get("GPU", 0))
             for actor in actors
