@@ -195,9 +195,13 @@ def check_no_secret_shown(secrets: list[str], cluster: RayCluster, client, insta
     from dagster import serialize_value
 
     shown = {}
+    alive = {node["node_id"] for node in cluster.alive_nodes()}
     for job in client.list_jobs():
         shown[f"Ray job {job.submission_id}"] = json.dumps(job.dict(), default=str)
-        shown[f"Ray job {job.submission_id}'s log"] = client.get_job_logs(job.submission_id)
+        try:
+            shown[f"Ray job {job.submission_id}'s log"] = client.get_job_logs(job.submission_id)
+        except RuntimeError:  # its driver ran on the killed node, whose agent served its log
+            assert job.driver_node_id not in alive, job
     for run in instance.get_runs():
         shown[f"run {run.run_id}'s tags and config"] = json.dumps([run.tags, run.run_config], default=str)
         shown[f"run {run.run_id}'s event log"] = "\n".join(
