@@ -66,6 +66,25 @@ def test_no_profile_holds_or_hands_on_a_secret():
         assert "password" not in storage  # libpq reads it from PGPASSFILE
 
 
+def test_every_kuberay_container_authenticates_with_the_token_from_a_mounted_secret():
+    cluster = yaml.safe_load((REPO / "deploy" / "kuberay" / "raycluster.yaml").read_text())["spec"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"]]
+    pods += [group["template"]["spec"] for group in cluster["workerGroupSpecs"]]
+    assert cluster["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    for pod in pods:
+        secrets = {volume["name"]: volume["secret"] for volume in pod["volumes"] if "secret" in volume}
+        assert {secret["secretName"] for secret in secrets.values()} == {"ray-token", "hsx-pgpass"}
+        assert all(secret["defaultMode"] == 0o400 for secret in secrets.values())
+        for container in pod["containers"]:
+            env = {entry["name"]: entry["value"] for entry in container["env"]}
+            assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"].startswith("/etc/ray-token/")
+            # files' names only: a variable named like a secret must name its file
+            holding = [name for name in env if SECRET_NAME.search(name) and not name.endswith(("_PATH", "FILE"))]
+            assert "PGPASSFILE" in env and holding == []
+            mounted = {mount["name"] for mount in container["volumeMounts"]}
+            assert set(secrets) <= mounted
+
+
 def test_the_proxy_asks_for_a_login_over_tls_and_forwards_to_loopback_only():
     site = (REPO / "deploy" / "proxy" / "hsx-dagster.conf").read_text()
     assert re.search(r"^\s*listen \d+ ssl;", site, re.MULTILINE) and "auth_basic_user_file" in site
