@@ -11,6 +11,9 @@ job's page and on each partition, with their blocking shard checks. Shards run o
 `--together` all at once (on a cluster, where the run launcher places each run on a GPU of its own); the
 exit status is non-zero when any run failed or any shard's blocking check failed. Dagster has
 no public API for such a launch: it goes through `hsx_dagster.defs_support.dagster_internals`.
+
+On an instance whose runs become Ray jobs (deploy/ray/), nothing is launched unless this process holds the cluster's
+token and the cluster refuses requests without it (`hsx_dagster.defs_support.ray_access`; docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dagster import AssetCheckEvaluation, DagsterEventType, DagsterInstance, Dag
 
 from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES
 from hsx_dagster.defs_support.dagster_internals import code_location_job
+from hsx_dagster.defs_support.ray_access import ray_access_problem
 
 JOB = "hidden_states_shard"
 MODULE = "hsx_dagster.definitions"
@@ -74,6 +78,15 @@ def _failed_checks(instance: DagsterInstance, run_id: str) -> list[str]:
     return sorted(e.check_name for e in evaluations if e.asset_key == HIDDEN_STATES and not e.passed)
 
 
+def launch_problem(instance: DagsterInstance) -> str | None:
+    """Why no run may be launched on this instance now (its runs are Ray jobs and the cluster's token is missing,
+    wrong or not asked for), or None."""
+    launcher = instance.run_launcher
+    if type(launcher).__module__.split(".")[0] != "dagster_ray":
+        return None
+    return ray_access_problem(getattr(launcher, "address", None) or "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hsx_dagster.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument("shards", nargs="+", help="partition keys, e.g. shard-00 shard-01")
@@ -86,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_config = json.loads(args.config_json) if args.config_json else None
     with DagsterInstance.get() as instance:
+        if problem := launch_problem(instance):
+            print(f"nothing launched: {problem}", file=sys.stderr)
+            return 2
         results = launch_shards(instance, args.shards, run_config, together=args.together)
     failed = [shard for shard, status in results.items() if status != DagsterRunStatus.SUCCESS]
     if failed:

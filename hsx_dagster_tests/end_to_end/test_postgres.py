@@ -1,11 +1,14 @@
 """The production instance (deploy/dagster.yaml) on a real PostgreSQL server: two shards
 materialized concurrently by two CLI processes, then the retry sensor against the same storage.
 
-The server is a throwaway cluster started here on 127.0.0.1 (.ci/run installs PostgreSQL)."""
+The server is a throwaway cluster started here on 127.0.0.1 (.ci/run installs PostgreSQL), with a password
+(scram-sha-256) as in production: the instance reads it from libpq's password file (PGPASSFILE), never from the
+profile or the environment (docs/security.md)."""
 
 import glob
 import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -49,7 +52,22 @@ def postgres():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    subprocess.run([*as_user, initdb, "-D", str(data), "-U", "hsx", "--auth=trust"], check=True, capture_output=True)
+    password = secrets.token_urlsafe(24)
+    # initdb (as the server's user) reads the superuser's password from a file, removed once it has
+    password_file = root / "initdb-password"
+    password_file.write_text(password + "\n")
+    password_file.chmod(0o644)
+    try:
+        subprocess.run(
+            [*as_user, initdb, "-D", str(data), "-U", "hsx", "--auth=scram-sha-256", f"--pwfile={password_file}"],
+            check=True,
+            capture_output=True,
+        )
+    finally:
+        password_file.unlink()
+    pgpass = Path(tempfile.mkdtemp(prefix="hsx-pgpass-")) / "pgpass"  # private to this user, as libpq requires
+    pgpass.write_text(f"127.0.0.1:{port}:*:hsx:{password}\n")
+    pgpass.chmod(0o600)
     subprocess.run(
         [
             *as_user,
@@ -69,18 +87,49 @@ def postgres():
     try:
         subprocess.run(
             [pg_binary("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "hsx", "dagster"],
+            env={**os.environ, "PGPASSFILE": str(pgpass)},
             check=True,
         )
         yield {
             "DAGSTER_PG_HOST": "127.0.0.1",
             "DAGSTER_PG_PORT": str(port),
             "DAGSTER_PG_USER": "hsx",
-            "DAGSTER_PG_PASSWORD": "",
             "DAGSTER_PG_DB": "dagster",
+            "PGPASSFILE": str(pgpass),
         }
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(pgpass.parent, ignore_errors=True)
+
+
+def pg_password(postgres_env: dict[str, str]) -> str:
+    """The server's password, from the password file the fixture hands out (for tests that look for it in logs)."""
+    return Path(postgres_env["PGPASSFILE"]).read_text().strip().rsplit(":", 1)[1]
+
+
+def test_the_server_refuses_a_client_without_the_password(postgres):
+    psql = pg_binary("psql") or "psql"
+    connect = [
+        psql,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        postgres["DAGSTER_PG_PORT"],
+        "-U",
+        "hsx",
+        "-d",
+        "dagster",
+        "-c",
+        "select 1",
+    ]
+    without = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
+    refused = subprocess.run(connect, env={**without, "PGPASSWORD": "wrong"}, capture_output=True, text=True)
+    assert refused.returncode != 0 and "password authentication failed" in refused.stderr
+    assert (
+        subprocess.run(connect, env={**without, "PGPASSFILE": postgres["PGPASSFILE"]}, capture_output=True).returncode
+        == 0
+    )
 
 
 def test_two_shards_concurrently_then_the_retry_sensor_on_postgres(postgres, tmp_path, small_inputs, demo_model_dir):

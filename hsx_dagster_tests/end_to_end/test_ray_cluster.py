@@ -8,6 +8,12 @@ the worker node while one of its shards has committed chunks but is not done, an
 fails, the retry sensor's backfill re-runs the shard on the head node, which resumes from its last committed
 chunk; the daemon then assembles the dataset (its parity check with a GPU of its own). The assembled dataset must
 hold exactly the samples of a single-machine run, and the chunks committed before the kill must be unchanged.
+
+Security (docs/security.md), on the same cluster: it runs with token authentication and PostgreSQL with a password;
+a job submitted without the token or with a wrong one is refused, and so is a launch without the token (before any
+run exists); no process of the cluster or of Dagster answers a stranger outside loopback (Ray's gRPC ports check the
+token themselves; its Prometheus exporters serve metrics only); and neither secret appears in any Ray job's
+runtime environment, entrypoint or log, any Dagster run's tags, config or event log, or the processes' logs.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from hsx_dagster.core.dataset import DrafterDataset, assemble
 from hsx_dagster.core.extraction import ShardJob, run_shard
 from hsx_dagster.core.settings import load_settings
 from hsx_dagster.core.storage import COMPLETE_FILE, SHARD_INDEX_FILE, read_index
-from hsx_dagster_tests.end_to_end.test_postgres import postgres  # noqa: F401 (the throwaway PostgreSQL server fixture)
+from hsx_dagster_tests.end_to_end.test_postgres import pg_password, postgres  # noqa: F401 (the server fixture)
 from hsx_dagster_tests.support.helpers import write_settings
+from hsx_dagster_tests.support.listeners import listeners
 from hsx_dagster_tests.support.paths import REPO
-from hsx_dagster_tests.support.ray_cluster import MARK, RayCluster, kill_marked
+from hsx_dagster_tests.support.ray_cluster import MARK, RayCluster, kill_marked, marked_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ray_jobs = pytest.importorskip("ray.job_submission", reason="the ray extra: pip install -e '.[ray]'")
@@ -86,10 +93,8 @@ def test_four_shards_on_two_ray_nodes_survive_a_node_kill(ray_cluster, postgres,
     profile["run_monitoring"]["poll_interval_seconds"] = 2  # the profile's 30 s, shortened for the test
     (home / "dagster.yaml").write_text(yaml.safe_dump(profile))
     env = {
-        **ray_cluster.environment(),
-        **postgres,
-        # dagster-ray passes on only the variables that are set and not empty; trust auth ignores the password
-        "DAGSTER_PG_PASSWORD": "unused-with-trust-auth",
+        **ray_cluster.environment(),  # RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH: the token's file
+        **postgres,  # PGPASSFILE: the database's password in libpq's file
         "DAGSTER_HOME": str(home),
         "HSX_CONFIG": str(settings_file),
         "DAGSTER_RAY_ADDRESS": ray_cluster.dashboard_url,
@@ -110,15 +115,17 @@ def test_four_shards_on_two_ray_nodes_survive_a_node_kill(ray_cluster, postgres,
             timeout=300,
         )
         assert tokenize.returncode == 0, tokenize.stderr[-3000:]
+        client = ray_cluster.job_client()
+        os.environ.update(postgres)  # this process's instance: the run storage the launch would have written to
+        check_strangers_are_refused(ray_cluster, client, env, tmp_path)
         launch = start_marked(
             [sys.executable, "-m", "hsx_dagster.launch", "--together", *SHARDS], {**env, MARK: mark}, tmp_path, "launch"
         )
         started.append(launch)
         settings = load_settings(settings_file)
-        client = ray_jobs.JobSubmissionClient(ray_cluster.dashboard_url)
         nodes = {node["node_id"]: ("head" if node["is_head_node"] else "worker") for node in ray_cluster.alive_nodes()}
-        os.environ.update(postgres)
         with DagsterInstance.from_config(str(home)) as instance:
+            check_no_open_listener(ray_cluster, client, mark)
             killed = kill_the_worker_mid_shard(ray_cluster, client, instance, settings, nodes)
             assert launch.wait(timeout=600) == 1  # the shards of the killed node failed (and are named)
             first_runs = ray_runs(ray_cluster, client, instance, nodes)
@@ -127,12 +134,86 @@ def test_four_shards_on_two_ray_nodes_survive_a_node_kill(ray_cluster, postgres,
             check_placement(first_runs, instance, killed)
             check_recovery(ray_cluster, client, instance, nodes, settings, killed)
             check_same_samples(settings.drafter_dir, local)
+            check_no_secret_shown([pg_password(postgres), ray_cluster.token], ray_cluster, client, instance, tmp_path)
     finally:
         for process in started:
             kill_marked(mark, process.pid)
             process.wait(timeout=30)
         for key in postgres:
             os.environ.pop(key, None)
+
+
+def check_strangers_are_refused(cluster: RayCluster, client, env: dict, folder: Path) -> None:
+    """A job submitted without the token, or with a wrong one, is refused; so is a launch without the token or
+    with a wrong one, before any run exists, naming what to set."""
+    import urllib.error
+    import urllib.request
+
+    wrong = folder / "wrong-token"
+    wrong.write_text("0" * 64)
+    wrong.chmod(0o600)
+    job = json.dumps({"entrypoint": "echo anyone can run code here"}).encode()
+    for headers, status in (({}, 401), ({"Authorization": "Bearer " + "0" * 64}, 403)):
+        request = urllib.request.Request(f"{cluster.dashboard_url}/api/jobs/", data=job, headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == status
+    assert client.list_jobs() == []
+    launch = [sys.executable, "-m", "hsx_dagster.launch", "shard-00"]
+    without_token = {key: value for key, value in env.items() if not key.startswith("RAY_AUTH")}
+    for environment, named in (
+        (without_token, "RAY_AUTH_MODE"),
+        ({**env, "RAY_AUTH_TOKEN_PATH": str(wrong)}, "refuses"),
+    ):
+        refused_launch = subprocess.run(
+            launch, env=environment, cwd=folder, capture_output=True, text=True, timeout=300
+        )
+        assert refused_launch.returncode == 2 and "nothing launched" in refused_launch.stderr, refused_launch.stderr
+        assert named in refused_launch.stderr and "RAY_AUTH_TOKEN_PATH" in refused_launch.stderr
+    assert client.list_jobs() == []
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        assert instance.get_runs(RunsFilter(job_name="hidden_states_shard")) == []
+
+
+def check_no_open_listener(cluster: RayCluster, client, mark: str) -> None:
+    """Once shard runs are running: no process of the cluster or of Dagster (the daemon, the launch, their code
+    servers, the runs' workers) answers outside loopback without credentials."""
+    deadline = time.monotonic() + 300
+    while not any(job.status == ray_jobs.JobStatus.RUNNING for job in client.list_jobs()):
+        assert time.monotonic() < deadline, "no shard run started"
+        time.sleep(0.2)
+    pids = {pid for node in cluster.nodes for pid in marked_pids(node.mark, node.process.pid)}
+    pids |= set(marked_pids(mark))
+    found = listeners(pids)
+    assert len(found) > 5, found  # the dashboard, GCS, raylets, agents...
+    assert [listener for listener in found if listener.answer.startswith("open")] == []
+
+
+def check_no_secret_shown(secrets: list[str], cluster: RayCluster, client, instance, folder: Path) -> None:
+    """Neither secret in any Ray job (runtime environment, entrypoint, metadata, log), any Dagster run (tags,
+    config, event log), the launch's and the daemon's output, or any log Ray wrote."""
+    from dagster import serialize_value
+
+    shown = {}
+    alive = {node["node_id"] for node in cluster.alive_nodes()}
+    for job in client.list_jobs():
+        shown[f"Ray job {job.submission_id}"] = json.dumps(job.dict(), default=str)
+        try:
+            shown[f"Ray job {job.submission_id}'s log"] = client.get_job_logs(job.submission_id)
+        except RuntimeError:  # its driver ran on the killed node, whose agent served its log
+            assert job.driver_node_id not in alive, job
+    for run in instance.get_runs():
+        shown[f"run {run.run_id}'s tags and config"] = json.dumps([run.tags, run.run_config], default=str)
+        shown[f"run {run.run_id}'s event log"] = "\n".join(
+            serialize_value(entry) for entry in instance.all_logs(run.run_id)
+        )
+    # the launch's and the daemon's output, every run's stdout and stderr (compute logs), every log Ray wrote
+    for root in (folder, cluster.root):
+        for log in (path for pattern in ("*.log", "*.out", "*.err") for path in root.rglob(pattern)):
+            shown[str(log)] = log.read_text(errors="replace")
+    assert len(shown) > 20 and any("dagster-run-" in text for text in shown.values())
+    leaks = [where for where, text in shown.items() for secret in secrets if secret in text]
+    assert leaks == []
 
 
 def start_marked(command: list[str], env: dict, folder: Path, name: str) -> subprocess.Popen:
@@ -186,6 +267,7 @@ def ray_runs(cluster: RayCluster, client, instance, nodes) -> dict[str, dict]:
             "shard": run.tags.get("dagster/partition"),
             "visible": scheduler_gpu(instance, run_id),
             "status": run.status,
+            "retry": run.tags.get("hsx/retry") == "true",
         }
     return runs
 
@@ -238,8 +320,9 @@ def wait_for_recovery(instance, tmp_path: Path) -> None:
 
 
 def check_placement(first_runs: dict[str, dict], instance, killed: dict) -> None:
-    shard_runs = [run for run in first_runs.values() if run["shard"]]
-    assert sorted(run["shard"] for run in shard_runs) == SHARDS  # the four launched together
+    # the four launched together (on a loaded machine the sensor's retries may already be among them)
+    shard_runs = [run for run in first_runs.values() if run["shard"] and not run["retry"]]
+    assert sorted(run["shard"] for run in shard_runs) == SHARDS
     assert all(run["gpus"] == 1 for run in shard_runs)
     by_node: dict[str, list[str]] = {}
     for run in shard_runs:

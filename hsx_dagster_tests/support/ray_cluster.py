@@ -5,6 +5,9 @@ that need no GPU (Ray only counts them and sets CUDA_VISIBLE_DEVICES for each jo
 node starts, however deep (raylet, workers, a job's driver and its children, even those Ray detaches into
 their own session), inherits a marker in its environment; stopping or killing a node sends SIGKILL to exactly
 the processes that carry its marker, by pid. Nothing else on the machine is touched (no `ray stop`).
+
+The cluster runs with token authentication, as docs/security.md says: `RAY_AUTH_MODE=token` on every node and every
+client, the token in a file only its owner reads (`RAY_AUTH_TOKEN_PATH`), never on a command line.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -119,13 +123,32 @@ class RayCluster:
     gcs_port: int = 0
 
     @property
+    def token_file(self) -> Path:
+        return self.root.parent / "ray-auth-token"
+
+    @property
+    def token(self) -> str:
+        return self.token_file.read_text().strip()
+
+    @property
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0"}
+        """What every node and every client of the cluster runs with: the token's file, never the token."""
+        return {
+            **{key: value for key, value in os.environ.items() if key != "RAY_AUTH_TOKEN"},
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token_file),
+        }
 
     def start(self, timeout_s: float = 180.0) -> None:
+        self.token_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secrets.token_hex(32))
         ports = dict(zip(HEAD_PORTS, free_ports(len(HEAD_PORTS))))
         self.gcs_port, self.dashboard_port = ports["port"], ports["dashboard-port"]
         head_args = [
@@ -185,30 +208,37 @@ class RayCluster:
     def node(self, name: str) -> RayNode:
         return next(node for node in self.nodes if node.name == name)
 
+    def auth_headers(self) -> dict[str, str]:
+        """This process's credentials, sent explicitly: its Ray library read RAY_AUTH_MODE when first imported."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def job_client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.dashboard_url, headers=self.auth_headers())
+
+    def _state(self, resource: str, **options) -> list:
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        client = StateApiClient(self.dashboard_url, headers={"Content-Type": "application/json", **self.auth_headers()})
+        return client.list(
+            StateResource(resource), options=ListApiOptions(timeout=10, **options), raise_on_missing_output=False
+        )
+
     def alive_nodes(self) -> list[dict]:
         """Ray's view of its nodes (state API): node_id, is_head_node, state, resources_total."""
-        from ray.util.state import list_nodes
-
         return [
             {"node_id": n.node_id, "is_head_node": n.is_head_node, "resources_total": n.resources_total}
-            for n in list_nodes(address=self.dashboard_url, timeout=10, raise_on_missing_output=False)
+            for n in self._state("nodes")
             if n.state == "ALIVE"
         ]
 
     def gpus_by_job(self) -> dict[str, float]:
         """Ray job submission id -> the GPUs Ray gave its driver (what its supervisor actor holds, per the state
         API: the resources the job asked for)."""
-        from ray.util.state import list_actors
-
         prefix = "_ray_internal_job_actor_"
-        actors = list_actors(
-            address=self.dashboard_url,
-            filters=[("class_name", "=", "JobSupervisor")],
-            detail=True,
-            limit=1000,
-            timeout=10,
-            raise_on_missing_output=False,
-        )
+        actors = self._state("actors", filters=[("class_name", "=", "JobSupervisor")], detail=True, limit=1000)
         return {
             actor.name[len(prefix) :]: float((actor.required_resources or {}).get("GPU", 0))
             for actor in actors

@@ -14,21 +14,19 @@ the log).
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import socket
 import time
 import uuid
 from pathlib import Path
-from typing import IO
+
+from hsx_dagster.core.storage.files import FileLock, LockRefusedError
 
 log = logging.getLogger(__name__)
 
 RECOUNT_S = 5.0
 RUNS_DIR = "runs"
-_REFUSED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 def usable_cores() -> int:
@@ -49,19 +47,18 @@ class HostShare:
         self.folder = Path(lock_dir) / RUNS_DIR
         # named after the host too: a folder shared by several hosts by mistake still counts this host's runs only
         self._prefix = f"run-{socket.gethostname()}-"
-        self._handle: IO[str] | None = None
-        self._path: Path | None = None
+        self._lock: FileLock | None = None
         self._counted_at = -RECOUNT_S
         self._runs = 1
         if fixed is None:
-            self._handle = self._register()
+            self._lock = self._register()
 
     def threads(self) -> int:
         """The threads this run should use now: the fixed number, or its share of the cores."""
         if self.fixed is not None:
             return self.fixed
         now = time.monotonic()
-        if self._handle is not None and now - self._counted_at >= RECOUNT_S:
+        if self._lock is not None and now - self._counted_at >= RECOUNT_S:
             self._counted_at = now
             self._runs = max(1, self._count())
         return max(1, self.cores // self._runs)
@@ -72,45 +69,40 @@ class HostShare:
         return self._runs
 
     def close(self) -> None:
-        if self._handle is not None and self._path is not None:
-            self._path.unlink(missing_ok=True)
-            self._handle.close()
-            self._handle = None
+        if self._lock is not None:
+            self._lock.path.unlink(missing_ok=True)
+            self._lock.release()
+            self._lock = None
 
-    def _register(self) -> IO[str] | None:
+    def _register(self) -> FileLock | None:
         """A registration file held under flock; made under a temporary name and renamed once locked, so another
         run counting at that moment never takes it for a dead one's."""
         temporary = self.folder / f".new-{uuid.uuid4().hex}"
-        handle = None
+        lock = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            handle = open(temporary, "w", encoding="utf-8")  # noqa: SIM115 (held while the run lives)
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            handle.write(f"{socket.gethostname()} pid {os.getpid()}\n")
-            handle.flush()
-            path = self.folder / f"{self._prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
-            os.replace(temporary, path)
-        except OSError as exc:
-            if handle is not None:
-                handle.close()
+            lock = FileLock.try_acquire(temporary)  # a fresh name: None (held by another) cannot happen
+            if lock is None:
+                return None
+            lock.record_holder(f"{socket.gethostname()} pid {os.getpid()}\n")
+            lock.move_to(self.folder / f"{self._prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}.lock")
+        except (LockRefusedError, PermissionError) as exc:
+            if lock is not None:
+                lock.release()
             temporary.unlink(missing_ok=True)
-            if exc.errno not in _REFUSED and not isinstance(exc, PermissionError):
-                raise
             log.warning("%s: cannot register this shard run (%s); it takes all %d cores", self.folder, exc, self.cores)
             return None
-        self._path = path
-        return handle
+        return lock
 
     def _count(self) -> int:
         """Registrations still held; a dead run's file is removed on the way."""
         live = 0
         for path in self.folder.glob(f"{self._prefix}*.lock"):
             try:
-                with open(path, encoding="utf-8") as other:
-                    fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                if FileLock.is_held(path):
+                    live += 1
+                else:
                     path.unlink(missing_ok=True)  # nobody holds it: its run is gone
-            except BlockingIOError:
-                live += 1
             except OSError:
                 continue
         return live

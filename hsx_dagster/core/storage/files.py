@@ -1,9 +1,10 @@
 """What every store does with files: hold an exclusive lock, hash a file as it streams, swap a folder in whole.
 
 - `FileLock`: an exclusive ``flock`` on a lock file, taken without waiting; the kernel drops it when the
-  process exits, however it exits, so a killed run never leaves it held. Shard folders, GPUs and the
-  regeneration store each hold one. A filesystem that refuses ``flock`` (Lustre mounted without ``-o flock``, some
-  NFS set-ups) raises `LockRefusedError` naming the folder, not a bare OSError.
+  process exits, however it exits, so a killed run never leaves it held. Shard folders, GPUs, the regeneration
+  store and each shard run's registration on its host (counted with `FileLock.is_held`) hold one. A filesystem
+  that refuses ``flock`` (Lustre mounted without ``-o flock``, some NFS set-ups) raises `LockRefusedError` naming
+  the folder, not a bare OSError.
 - `file_sha256`: a file's sha256, read in blocks (memory stays flat whatever the file's size).
 - `swap_in_dir`: a finished folder replaces the old one by rename; `staging_dir_for` names the folder it is
   built in, beside the target, and `remove_leftovers` clears what a crashed run left there.
@@ -69,6 +70,26 @@ class FileLock:
         self._handle.truncate()
         self._handle.write(text)
         self._handle.flush()
+
+    def move_to(self, path: Path) -> None:
+        """Rename the lock file, the lock still held (it is on the open file, not on its name)."""
+        os.replace(self.path, path)
+        self.path = Path(path)
+
+    @staticmethod
+    def is_held(path: Path) -> bool:
+        """Whether some process holds the lock on ``path`` now (a shared lock tried without waiting, then dropped);
+        `LockRefusedError` where the filesystem refuses locks."""
+        with open(path, encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                if exc.errno in LOCK_REFUSALS:
+                    raise LockRefusedError(exc.errno, f"{path}: this filesystem refuses file locks") from None
+                raise
+        return False
 
     @staticmethod
     def holder(path: Path) -> str:

@@ -3,6 +3,7 @@ stored chunks, a shard written by the previous version (chunks serialised by saf
 statistics) resumes and passes its checks, and the shard runs of one host share its cores."""
 
 import errno
+import fcntl
 import hashlib
 import json
 import shutil
@@ -179,7 +180,7 @@ def test_a_folder_that_refuses_flock_leaves_the_run_every_core_and_says_so(tmp_p
     def refuse(handle, operation):  # what Lustre without -o flock answers; no such filesystem here
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(host_share.fcntl, "flock", refuse)
+    monkeypatch.setattr(fcntl, "flock", refuse)  # host_share locks through the storage layer's FileLock
     share = HostShare(tmp_path, cores=6)
     assert share.threads() == 6
     assert "cannot register this shard run" in caplog.text and str(tmp_path / host_share.RUNS_DIR) in caplog.text
