@@ -45,7 +45,9 @@ from hsx_dagster.core.storage.shard_records import (  # re-exported: the records
     ShardTotals,
     read_index,
     read_quarantine,
+    record_written,
     shard_totals,
+    start_written,
 )
 
 __all__ = [
@@ -71,7 +73,10 @@ class ShardStore:
         provenance: ShardProvenance,
         on_mismatch: OnMismatch = "refuse",
         report: Callable[[str], None] | None = None,
+        run_id: str = "",
     ) -> None:
+        """``run_id``: who commits chunks through this store (a Dagster run's id), so that the checks of that run
+        take the digests its writer computed (written.jsonl); empty: none are taken."""
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, not {on_mismatch!r}")
         self.directory = Path(directory)
@@ -80,6 +85,7 @@ class ShardStore:
         if lock is None:
             raise StoreError(f"{self.directory} is being written by another run (lock {LOCK_FILE} is held)")
         self._lock = lock
+        self.run_id = run_id
         try:
             self._check_provenance(provenance, on_mismatch, report or log.warning)
             for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, REMOVED_CHUNKS_FILE, SPLIT_BATCHES_FILE):
@@ -87,6 +93,7 @@ class ShardStore:
             self.records = finish_removals(self.directory)  # a removal a crash interrupted is completed first
             self.quarantined = read_quarantine(self.directory)
             self._remove_uncommitted()
+            start_written(self.directory)
         except BaseException:
             self.close()
             raise
@@ -206,6 +213,8 @@ class ShardStore:
         )
         append_lines(self.directory / SHARD_INDEX_FILE, [asdict(record)])
         self.records.append(record)
+        if self.run_id:
+            record_written(self.directory, record, self.run_id)
         return record
 
     def mark_complete(self, summary: dict) -> None:

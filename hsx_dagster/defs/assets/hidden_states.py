@@ -62,7 +62,9 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
     ) -> MaterializeResult:
         loaded = settings.load()
         shard = context.partition_key
-        job = ShardJob.from_settings(loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})")
+        job = ShardJob.from_settings(
+            loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})", run_id=context.run_id
+        )
         # asked once before the extraction too, timed: the time left includes the same question at the end
         asked = time.perf_counter()
         shard_table(context.instance, loaded, exclude_run_id=context.run_id)
