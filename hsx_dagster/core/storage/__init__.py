@@ -45,6 +45,12 @@ if TYPE_CHECKING:
         StagedBatch as StagedBatch,
         statistics_specs as statistics_specs,
     )
+    from hsx_dagster.core.storage.cpu_account import (
+        PART_MEANING as PART_MEANING,
+        PARTS as PARTS,
+        CpuAccount as CpuAccount,
+    )
+    from hsx_dagster.core.storage.direct_io import choose_direct as choose_direct, filesystem_type as filesystem_type
     from hsx_dagster.core.storage.files import (
         FileLock as FileLock,
         LockRefusedError as LockRefusedError,
@@ -181,6 +187,8 @@ EXPORTS = {
         "dtype_name",
         "tokenized_shard_file",
     ],
+    "cpu_account": ["CpuAccount", "PARTS", "PART_MEANING"],
+    "direct_io": ["choose_direct", "filesystem_type"],
     "healing": ["set_aside_damaged"],
     "provenance": ["ChunkLayout", "FINAL_SLOT", "MEANING", "ShardProvenance", "StoredLayers"],
     "quantization": ["FP8_MAX", "block_size_for", "bytes_per_vector", "dequantize", "quantize", "scale_layout"],
