@@ -78,11 +78,15 @@ def build_shard_checks(partitions_def: StaticPartitionsDefinition) -> list[Asset
             loaded.shard_dir(shard), loaded.tokenized_dir, shard, heal=True, run_id=context.run.run_id
         )
         selected = {key.name for key in context.selected_asset_check_keys}
-        extraction_s = _extraction_seconds(loaded.shard_dir(shard))
+        extraction_s, run_bytes = _last_run(loaded.shard_dir(shard))
         for name in (name for name in SHARD_CHECKS if name in selected):
             outcome = outcomes[name]
             if extraction_s:  # the checks' time beside the extraction's
                 outcome = with_extraction_time(outcome, extraction_s)
+            if run_bytes:  # the checks' CPU time per GB the run stored: its last part (hidden_states' host CPU per GB)
+                cpu_per_gb = round(float(outcome.metadata.get("checks_cpu_s", 0.0)) / (run_bytes / 1e9), 4)
+                outcome = CheckOutcome(outcome.passed, outcome.description,
+                                       {**outcome.metadata, "checks_cpu_s_per_gb": cpu_per_gb})  # fmt: skip
             context.log.info(f"{shard} {name}: {'passed' if outcome.passed else 'FAILED'}: {outcome.description}")
             yield check_result(outcome, check_name=name, asset_key=HIDDEN_STATES)
 
@@ -205,10 +209,10 @@ def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOut
     return CheckOutcome(outcome.passed, outcome.description, metadata)
 
 
-def _extraction_seconds(folder: Path) -> float:
-    """How long the shard's last run took (complete.json), 0.0 when unknown."""
+def _last_run(folder: Path) -> tuple[float, int]:
+    """How long the shard's last run took and the bytes it stored (complete.json), zeros when unknown."""
     try:
         last = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8")).get("last_run", {})
-        return round(float(last.get("elapsed_s", 0.0)), 3)
+        return round(float(last.get("elapsed_s", 0.0)), 3), int(last.get("bytes_written", 0))
     except (FileNotFoundError, ValueError, AttributeError, TypeError):
-        return 0.0
+        return 0.0, 0

@@ -181,6 +181,26 @@ def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(
     assert_lock_free(out)
 
 
+def test_sigkill_during_a_direct_write_resumes_to_the_uninterrupted_dataset(
+    tokenized, demo_model_dir, reference, forkserver, tmp_path
+):
+    """O_DIRECT writes (direct_io: on; the padded last block, the cut to size) are whole or absent as buffered ones
+    are: a kill half-way through a chunk leaves a temporary the next run removes, and the dataset ends equal."""
+    out = tmp_path / "shard-00"
+    job = {**job_for(tokenized, out, demo_model_dir), "direct_io": "on"}
+    child = forkserver.Process(target=shard_child.run_and_kill, args=(job, "chunk_write", 2))
+    child.start()
+    child.join(timeout=300)
+    assert child.exitcode == -signal.SIGKILL, f"the child was not killed (exit {child.exitcode})"
+    assert len(read_index(out)) == 1 and list(out.glob(".chunk-000001.safetensors.tmp*"))
+    with one_thread():
+        result = run_shard(shard_job(**job))
+    if not result.report.chunks_direct:
+        pytest.skip(f"{out}: the file system takes no direct writes ({result.report.direct_io})")
+    assert result.report.direct_io == "direct (direct_io: on)"
+    assert_clean_and_equal(out, reference)
+
+
 def _disk_full() -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -279,6 +279,7 @@ def check_shard(
     shard, whose writer's digests are taken for its chunks unchanged since. Each outcome's metadata carries the
     read's time and speed."""
     shard_dir = Path(shard_dir)
+    cpu_started = time.process_time()
     try:
         scan = scan_shard(shard_dir, run_id)
     except (StoreError, ModelDirError) as exc:
@@ -303,5 +304,5 @@ def check_shard(
             f"removed_chunks.jsonl): their {samples} samples are pending, the next run of {shard} re-extracts them",
             {**integrity.metadata, "chunks_set_aside": len(healed), "samples_pending": samples},
         )
-    speed = scan.figures()
+    speed = {**scan.figures(), "checks_cpu_s": round(time.process_time() - cpu_started, 4)}  # the process's, in full
     return {name: CheckOutcome(o.passed, o.description, {**o.metadata, **speed}) for name, o in outcomes.items()}

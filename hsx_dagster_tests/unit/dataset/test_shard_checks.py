@@ -105,6 +105,8 @@ def extracted(settings_file):
             assert re.fullmatch(rf".+ to read 0 B; the extraction took .+ \(.+% of it\); {chunks} chunks \(.+\) "
                                 "written by this run, checksums as its writer computed them, not read again",
                                 words), words  # fmt: skip
+            # the checks' own CPU time per GB the run stored: the last part of the run's host CPU per GB
+            assert evaluations["shard_integrity"].metadata["checks_cpu_s_per_gb"].value > 0
         yield pipeline
 
 
