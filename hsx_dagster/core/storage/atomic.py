@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -139,7 +140,10 @@ def _write_direct(handle: _Handle, parts: Sequence[Buffer], size: int) -> bool:
         done = 0
         while done < len(view):
             try:
-                done += handle.write(view[done:]) or 0
+                wrote = handle.write(view[done:])
+                if not wrote:
+                    raise OSError(errno.EIO, "a write to the temporary file wrote nothing")
+                done += wrote
             except OSError as exc:
                 if exc.errno != errno.EINVAL or not state["direct"]:
                     raise
@@ -175,8 +179,6 @@ def _write_direct(handle: _Handle, parts: Sequence[Buffer], size: int) -> bool:
 
 
 def _stop_direct(handle: _Handle) -> None:
-    import fcntl
-
     flags = fcntl.fcntl(handle.fileno(), fcntl.F_GETFL)
     fcntl.fcntl(handle.fileno(), fcntl.F_SETFL, flags & ~O_DIRECT)
 

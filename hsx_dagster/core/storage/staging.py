@@ -120,6 +120,8 @@ def _page_aligned(shape: tuple[int, ...], spec: RowSpec, pin: bool) -> torch.Ten
     """An empty tensor whose first row starts on an ALIGN boundary: O_DIRECT writes take chunk bytes straight from
     the ring (atomic.py), which needs the memory aligned as the file is (a plain allocation is aligned to 64 bytes)."""
     count = shape[0] * spec.nbytes
-    raw = torch.empty(count + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    raw = torch.empty(count, dtype=torch.uint8, pin_memory=pin)  # pinned memory comes page-aligned: taken as it is
+    if raw.data_ptr() % ALIGN:  # (the host allocator rounds sizes up to powers of two: no padding where not needed)
+        raw = torch.empty(count + ALIGN, dtype=torch.uint8, pin_memory=pin)  # untouched pages: the first costs nothing
     skip = -raw.data_ptr() % ALIGN
     return raw[skip : skip + count].view(spec.dtype).view(shape)
