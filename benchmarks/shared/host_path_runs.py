@@ -59,6 +59,8 @@ def contestant_main(request: dict) -> dict:
         sys.path.insert(0, request["previous"])  # that checkout's hsx_dagster comes first
     if name == "plain write":
         return _measured(lambda: _plain_write(config, scratch))
+    if name == "floor":
+        return _measured(lambda: _plain_write(config, scratch, hash_too=True))
     if name == "sha256sum":
         return _measured(lambda: _sha256sum(scratch / "pipeline"))
     from benchmarks.shared.host_path_work import device_only, pipeline, prepare
@@ -66,6 +68,8 @@ def contestant_main(request: dict) -> dict:
     work = prepare(config)
     if name == "device":
         return _measured(lambda: device_only(work))
+    if name == "pipeline buffered":
+        return _measured(lambda: pipeline(work, scratch / "pipeline-buffered", direct_io="off"))
     return _measured(lambda: pipeline(work, scratch / ("pipeline" if name == "pipeline" else name)))
 
 
@@ -77,6 +81,7 @@ def _measured(work) -> dict:
     busy, started = busy_cpu_seconds(), time.perf_counter()
     stored = work()
     wall = time.perf_counter() - started
+    stored, extra = stored if isinstance(stored, tuple) else (stored, {})
     after = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # sha256sum runs as a child of the child
     cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime) + children.ru_utime + children.ru_stime
@@ -90,12 +95,16 @@ def _measured(work) -> dict:
         "peak_rss": peak_rss_bytes() or after.ru_maxrss * 1024,
         "bytes": int(stored),
         "others_cores": round(others, 3) if others is not None else 0.0,
+        **extra,  # the pipeline's own account of its CPU time by part, and how it wrote
     }
 
 
-def _plain_write(config: Config, scratch: Path) -> int:
+def _plain_write(config: Config, scratch: Path, hash_too: bool = False) -> int:
     """The bytes a pipeline run stores (bfloat16: ``gb``; fp8: about half), as files of chunk_mb, each written
-    from memory and fsynced: what the disk does with no host work around it."""
+    from memory and fsynced: what the disk does with no host work around it. ``hash_too``: and one sha256 of each
+    file's bytes from the same memory: the floor of the host path (one write with fsync, one hash per byte)."""
+    import hashlib
+
     import numpy as np
 
     total = int(config.gb * 1e9 * (0.5 if config.dtype == "float8_e4m3" else 1.0))
@@ -109,6 +118,8 @@ def _plain_write(config: Config, scratch: Path) -> int:
         descriptor = os.open(folder / f"file-{number:06d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)[:size]
+            if hash_too:
+                hashlib.sha256(view).hexdigest()
             while view.nbytes:
                 view = view[os.write(descriptor, view) :]
             os.fsync(descriptor)

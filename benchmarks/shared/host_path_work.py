@@ -10,6 +10,7 @@ logging callback is passed by the name that version's signature has (`progress` 
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.provenance import ShardProvenance
 
 VOCABULARY = 32_000
+RUN_ID = "host-path-benchmark"  # the pipeline's checks take the digests its writer computed
 
 
 class FreeBackbone:
@@ -95,18 +97,35 @@ def _lengths(tokens: int) -> np.ndarray:
     return lengths[: int(np.searchsorted(np.cumsum(lengths), tokens)) + 1]
 
 
-def pipeline(work: Work, folder: Path) -> int:
-    """`extract_shard` into ``folder``; the bytes stored."""
+def pipeline(work: Work, folder: Path, direct_io: str | None = None) -> int | tuple[int, dict]:
+    """`extract_shard` into ``folder`` (``direct_io``: that setting instead of the default), then the shard checks'
+    scan of it as the run that wrote it (integrity and numerics: coverage needs a tokenized shard); the bytes stored,
+    and where a version accounts for its CPU time, its parts (CPU-seconds) with the checks' process CPU time."""
     from hsx_dagster.core.extraction.engine import extract_shard
     from hsx_dagster.core.storage.shard_store import ShardStore, read_index
 
     quiet = {"log_line" if "log_line" in inspect.signature(extract_shard).parameters else "progress": _ignore}
-    with ShardStore(folder, work.provenance) as store:
-        extract_shard(
-            "shard-00", work.samples, work.backbone, store, work.extraction,
+    accounted = "run_id" in inspect.signature(ShardStore).parameters  # an earlier checkout: no account, no run id
+    extraction = work.extraction if direct_io is None else work.extraction.model_copy(update={"direct_io": direct_io})
+    with ShardStore(folder, work.provenance, **({"run_id": RUN_ID} if accounted else {})) as store:
+        report = extract_shard(
+            "shard-00", work.samples, work.backbone, store, extraction,
             work.provenance.chunk_metadata(work.config.hidden), **quiet,
         )  # fmt: skip
-    return sum(record.bytes for record in read_index(folder))
+    stored = sum(record.bytes for record in read_index(folder))
+    if not accounted:
+        return stored
+    from hsx_dagster.core.dataset.shard_checks import integrity_outcome, numerics_outcome, scan_shard
+
+    started = time.process_time()
+    scan = scan_shard(folder, RUN_ID)
+    passed = integrity_outcome(scan).passed and numerics_outcome(scan).passed
+    checks_s = time.process_time() - started
+    if not passed:
+        raise RuntimeError(f"{folder}: the shard checks failed on the pipeline's own output")
+    parts = {**report.host_cpu_s, "checks": round(checks_s, 4)}
+    return stored, {"parts_s": parts, "direct_io": report.direct_io, "chunks_direct": report.chunks_direct,
+                    "checks_bytes_hashed": scan.bytes_read}  # fmt: skip
 
 
 def _ignore(message: str) -> None:

@@ -50,7 +50,8 @@ SHARD_CHECK_DESCRIPTIONS = {
     "shard_coverage": "Every tokenized sample of the shard committed or quarantined exactly once (samples whose "
     "input is gone counted as departed), with the tokenized ids and loss mask beside its states; the shard marked "
     "complete.",
-    "shard_integrity": "Every chunk of the shard's index exists, still has the sha256 recorded at write time, holds "
+    "shard_integrity": "Every chunk of the shard's index exists, still has the sha256 recorded at write time (taken "
+    "from the writer for the chunks this run wrote, while their files are unchanged since), holds "
     "the samples the index says; headers, tensor names, dtypes and shapes match the shard's provenance. A damaged "
     "or missing chunk is set aside (set_aside/, reason in removed_chunks.jsonl): the next run of the shard "
     "re-extracts its samples.",
@@ -71,14 +72,21 @@ def build_shard_checks(partitions_def: StaticPartitionsDefinition) -> list[Asset
     def check_hidden_states_shard(context: AssetCheckExecutionContext, settings: HsxSettings):
         loaded = settings.load()
         shard = context.partition_key
-        # one read of the shard for all three; a damaged chunk is set aside so the retry re-extracts its samples
-        outcomes = check_shard(loaded.shard_dir(shard), loaded.tokenized_dir, shard, heal=True)
+        # one read of the shard for all three (the chunks this run wrote and hashed are not read again); a damaged
+        # chunk is set aside so the retry re-extracts its samples
+        outcomes = check_shard(
+            loaded.shard_dir(shard), loaded.tokenized_dir, shard, heal=True, run_id=context.run.run_id
+        )
         selected = {key.name for key in context.selected_asset_check_keys}
-        extraction_s = _extraction_seconds(loaded.shard_dir(shard))
+        extraction_s, run_bytes = _last_run(loaded.shard_dir(shard))
         for name in (name for name in SHARD_CHECKS if name in selected):
             outcome = outcomes[name]
             if extraction_s:  # the checks' time beside the extraction's
                 outcome = with_extraction_time(outcome, extraction_s)
+            if run_bytes:  # the checks' CPU time per GB the run stored: its last part (hidden_states' host CPU per GB)
+                cpu_per_gb = round(float(outcome.metadata.get("checks_cpu_s", 0.0)) / (run_bytes / 1e9), 4)
+                outcome = CheckOutcome(outcome.passed, outcome.description,
+                                       {**outcome.metadata, "checks_cpu_s_per_gb": cpu_per_gb})  # fmt: skip
             context.log.info(f"{shard} {name}: {'passed' if outcome.passed else 'FAILED'}: {outcome.description}")
             yield check_result(outcome, check_name=name, asset_key=HIDDEN_STATES)
 
@@ -173,7 +181,7 @@ def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOut
     """The read's time in words beside the extraction's: what checking costs the shard, at a glance."""
     scan_s = float(outcome.metadata.get("scan_s", 0.0))
     read = int(outcome.metadata.get("scan_bytes", 0))
-    speed = f" at {format_bytes(read / scan_s)}/s" if scan_s > 0 else ""
+    speed = f" at {format_bytes(read / scan_s)}/s" if scan_s > 0 and read else ""
     skipped = int(outcome.metadata.get("chunks_skipped", 0))
     not_read = (
         f"; {skipped} chunks ({format_bytes(int(outcome.metadata.get('bytes_skipped', 0)))}) verified before and "
@@ -181,6 +189,12 @@ def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOut
         if skipped
         else ""
     )
+    from_writer = int(outcome.metadata.get("chunks_from_writer", 0))
+    if from_writer:
+        not_read += (
+            f"; {from_writer} chunks ({format_bytes(int(outcome.metadata.get('bytes_from_writer', 0)))}) written by "
+            "this run, checksums as its writer computed them, not read again"
+        )
     words = (
         f"{format_duration(scan_s)} to read {format_bytes(read)}{speed}; the extraction took "
         f"{format_duration(extraction_s)} "
@@ -195,10 +209,10 @@ def with_extraction_time(outcome: CheckOutcome, extraction_s: float) -> CheckOut
     return CheckOutcome(outcome.passed, outcome.description, metadata)
 
 
-def _extraction_seconds(folder: Path) -> float:
-    """How long the shard's last run took (complete.json), 0.0 when unknown."""
+def _last_run(folder: Path) -> tuple[float, int]:
+    """How long the shard's last run took and the bytes it stored (complete.json), zeros when unknown."""
     try:
         last = json.loads((folder / COMPLETE_FILE).read_text(encoding="utf-8")).get("last_run", {})
-        return round(float(last.get("elapsed_s", 0.0)), 3)
+        return round(float(last.get("elapsed_s", 0.0)), 3), int(last.get("bytes_written", 0))
     except (FileNotFoundError, ValueError, AttributeError, TypeError):
-        return 0.0
+        return 0.0, 0

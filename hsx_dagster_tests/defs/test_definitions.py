@@ -3,6 +3,7 @@ check materialize with metadata, the CLI entry point users run works, and bad se
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,14 @@ def test_all_three_assets_over_every_shard(small_settings_file):
         assert metadata["this run"].value.startswith("14 samples in ")
         assert 0 < float(metadata["padding efficiency"].value.rstrip("%")) <= 100
         assert 0 < float(metadata["forward share"].value.rstrip("%")) <= 100
+        # the host's CPU-seconds per GB stored, by part, adding up to the process's at the end of the step
+        parts = re.findall(r"^\| (\w+) \| ([\d.]+) \|", metadata["host CPU per GB"].value, flags=re.M)
+        assert {"forward", "write", "fsync", "hash", "index_and_records", "startup_and_dagster"} <= dict(parts).keys()
+        total = metadata["host_cpu_s_per_gb"].value
+        assert total > 0 and sum(float(v) for _, v in parts) == pytest.approx(total, abs=0.002 * len(parts))
+        assert re.fullmatch(
+            r"(direct|buffered) \(.+\): \d+ of \d+ chunks written direct", metadata["chunk writes"].value
+        )
         assert (
             metadata["layers"].value == "1, 4 and the final norm"
             and metadata["dtypes"].value == "float32 compute, bfloat16 storage"

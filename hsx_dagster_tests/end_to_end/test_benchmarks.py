@@ -136,7 +136,7 @@ def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_
     assert {entry["config"]["dtype"] for entry in results["configs"]} == {"bfloat16", "float8_e4m3"}
     for entry in results["configs"]:
         runs, summary = entry["runs"], entry["summary"]
-        assert set(runs) == {"device", "pipeline", "plain write", "sha256sum"}
+        assert set(runs) == {"device", "pipeline", "pipeline buffered", "floor", "plain write", "sha256sum"}
         pipeline = runs["pipeline"][0]
         assert pipeline["bytes"] == runs["sha256sum"][0]["bytes"] > 0  # sha256sum hashed what the pipeline stored
         assert runs["device"][0]["bytes"] <= pipeline["bytes"]  # the states, ids and masks; the chunks add headers
@@ -147,6 +147,16 @@ def test_host_path_benchmark_smoke_compares_the_pipeline_with_its_baselines(tmp_
         )
         host = (pipeline["cpu_s"] - runs["device"][0]["cpu_s"]) / (pipeline["bytes"] / 1e9)
         assert summary["host_cpu_s_per_gb"] == pytest.approx(host, rel=0.01, abs=0.01)
+        # the floor (one write with fsync, one sha256 of the same bytes) from the same rounds, and the host over it
+        floor = runs["floor"][0]["cpu_s"] / (runs["floor"][0]["bytes"] / 1e9)
+        assert summary["floor_cpu_s_per_gb"] == pytest.approx(floor, rel=0.01, abs=0.01)
+        assert summary["host_over_floor"] == pytest.approx(summary["host_cpu_s_per_gb"] / floor, rel=0.02, abs=0.01)
+        # the pipeline's own account: its parts and what lies outside them add up to its CPU time
+        parts = summary["parts_per_gb"]
+        assert {"write", "fsync", "hash", "checks", "outside_the_account"} <= parts.keys()
+        assert sum(parts.values()) == pytest.approx(pipeline["cpu_s"] / (pipeline["bytes"] / 1e9), rel=0.02, abs=0.05)
+        assert pipeline["checks_bytes_hashed"] == 0  # its checks took the writer's digests: one hash per byte
+        assert runs["pipeline buffered"][0]["direct_io"] == "buffered (direct_io: off)"
     assert not list(tmp_path.glob("host-path-*"))  # every run's scratch folder is gone
     assert "| 256 x 4 float8_e4m3 |" in path.with_suffix(".md").read_text()
 

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx_dagster.core.dataset import check_shard
+from hsx_dagster.core.dataset import check_shard, shard_checks
 from hsx_dagster.core.extraction import run_shard
 from hsx_dagster.core.inputs import read_tokenized_shard
 from hsx_dagster.core.storage import (
@@ -31,6 +32,7 @@ from hsx_dagster.core.storage import (
     SHARD_FILE,
     SHARD_INDEX_FILE,
     SPLIT_BATCHES_FILE,
+    WRITTEN_FILE,
     StoreError,
     atomic as atomic_module,
     read_index,
@@ -179,6 +181,26 @@ def test_sigkill_at_any_moment_resumes_to_the_uninterrupted_dataset(
     assert_lock_free(out)
 
 
+def test_sigkill_during_a_direct_write_resumes_to_the_uninterrupted_dataset(
+    tokenized, demo_model_dir, reference, forkserver, tmp_path
+):
+    """O_DIRECT writes (direct_io: on; the padded last block, the cut to size) are whole or absent as buffered ones
+    are: a kill half-way through a chunk leaves a temporary the next run removes, and the dataset ends equal."""
+    out = tmp_path / "shard-00"
+    job = {**job_for(tokenized, out, demo_model_dir), "direct_io": "on"}
+    child = forkserver.Process(target=shard_child.run_and_kill, args=(job, "chunk_write", 2))
+    child.start()
+    child.join(timeout=300)
+    assert child.exitcode == -signal.SIGKILL, f"the child was not killed (exit {child.exitcode})"
+    assert len(read_index(out)) == 1 and list(out.glob(".chunk-000001.safetensors.tmp*"))
+    with one_thread():
+        result = run_shard(shard_job(**job))
+    if not result.report.chunks_direct:
+        pytest.skip(f"{out}: the file system takes no direct writes ({result.report.direct_io})")
+    assert result.report.direct_io == "direct (direct_io: on)"
+    assert_clean_and_equal(out, reference)
+
+
 def _disk_full() -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -290,3 +312,62 @@ def test_a_damaged_chunk_of_a_cut_batch_heals_to_the_uninterrupted_bytes(
     assert stored.keys() == reference.keys()
     for sample_id in damaged.sample_ids:
         assert stored[sample_id] == reference[sample_id], f"sample {sample_id} differs from the uninterrupted run"
+
+
+def test_the_runs_own_chunks_are_not_hashed_again_and_damage_after_its_commit_is_caught(
+    tokenized, demo_model_dir, tmp_path, monkeypatch
+):
+    """One hash per byte: the checks of the run that wrote a chunk take its writer's digest while the file is the
+    one committed (written.jsonl); a chunk changed after the commit is read whole and caught: a byte flipped in
+    place (same size, new mtime), the same flip with the mtime set back (its ctime moved), and a replaced file (new
+    inode, mtime set back too). Counted by the bytes the checks hash, not by a timing."""
+    out = tmp_path / "shard-00"
+    with one_thread():
+        run_shard(shard_job(**job_for(tokenized, out, demo_model_dir), run_id="run-1"))
+    records = read_index(out)
+    assert len(read_lines_of(out / WRITTEN_FILE)) == len(records) >= 4
+    flipped, flipped_back, replaced = records[0], records[1], records[2]
+    for record in (flipped, flipped_back):
+        path = out / record.chunk
+        before = path.stat()
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))  # in place: same size and inode
+        if record is flipped_back:
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_size == before.st_size and path.stat().st_ino == before.st_ino
+    path = out / replaced.chunk
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    (out / "replacement").write_bytes(bytes(data))
+    os.utime(out / "replacement", ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(out / "replacement", path)
+
+    hashed: list[str] = []
+    real_scan = shard_checks.scan_chunk
+
+    def counting_scan(chunk: Path):
+        scanned = real_scan(chunk)
+        hashed.append(Path(chunk).name)
+        return scanned
+
+    monkeypatch.setattr(shard_checks, "scan_chunk", counting_scan)
+    outcomes = check_shard(out, tokenized, "shard-00", run_id="run-1")
+    integrity = outcomes["shard_integrity"]
+    assert sorted(hashed) == sorted(r.chunk for r in (flipped, flipped_back, replaced))  # the others: not read
+    assert not integrity.passed
+    for record in (flipped, flipped_back, replaced):
+        assert f"{out / record.chunk}: checksum differs" in integrity.description
+    assert integrity.metadata["scan_bytes"] == flipped.bytes + flipped_back.bytes + replaced.bytes
+    assert integrity.metadata["chunks_from_writer"] == len(records) - 3
+    assert outcomes["shard_coverage"].metadata["chunks_compared"] == len(records)  # the writer's ones too
+
+    hashed.clear()  # another run's id (or none: a check run on its own) takes no writer's digest
+    other = check_shard(out, tokenized, "shard-00", run_id="run-2")["shard_integrity"]
+    assert other.metadata["chunks_from_writer"] == 0
+    assert len(hashed) + other.metadata["chunks_skipped"] == len(records)  # skipped: verified by the check above
+
+
+def read_lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines()

@@ -24,7 +24,7 @@ from hsx_dagster.core.settings import DatasetSettings, ExtractionSettings, Model
 from hsx_dagster.core.storage import TOKENIZED_REJECTS_FILE, ChunkLayout, ShardProvenance, StoredLayers
 
 _MODEL_KEYS = {"include_final", "trust_remote_code"}
-_JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget"}
+_JOB_KEYS = {"shard", "shard_index", "tokenized_dir", "output_dir", "owner", "probe_budget", "run_id"}
 
 
 def shard_job(

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         resolve_attn_implementation as resolve_attn_implementation,
         text_model_class as text_model_class,
     )
+    from hsx_dagster.core.extraction.batch_run import run_batch as run_batch
     from hsx_dagster.core.extraction.batch_shape import (
         BUDGET_FRACTION as BUDGET_FRACTION,
         WINDOW as WINDOW,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from hsx_dagster.core.extraction.engine import (
         ExtractionReport as ExtractionReport,
         extract_shard as extract_shard,
-        run_batch as run_batch,
     )
     from hsx_dagster.core.extraction.host_share import HostShare as HostShare, usable_cores as usable_cores
     from hsx_dagster.core.extraction.kernels import (
@@ -102,7 +102,8 @@ EXPORTS = {
         "physical_gpu_id",
     ],
     "disk_reservations": ["RESERVATIONS_DIR", "pending_writes", "reserve"],
-    "engine": ["ExtractionReport", "extract_shard", "run_batch"],
+    "batch_run": ["run_batch"],
+    "engine": ["ExtractionReport", "extract_shard"],
     "host_share": ["HostShare", "usable_cores"],
     "kernels": [
         "INSTALL_HINT",

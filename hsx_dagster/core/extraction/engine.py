@@ -20,16 +20,16 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from hsx_dagster.core.extraction.backbone import Backbone
+from hsx_dagster.core.extraction.batch_run import run_batch
 from hsx_dagster.core.extraction.batch_shape import BUDGET_FRACTION, BatchShaper, Shape
 from hsx_dagster.core.extraction.batch_shape_summary import BatchShapeSummary
-from hsx_dagster.core.extraction.batch_states import copy_to_host, stage_states
 from hsx_dagster.core.extraction.batching import Batch, LengthOrder, plan_batches
 from hsx_dagster.core.extraction.host_path import HostPath
 from hsx_dagster.core.extraction.progress import Progress, TimeLeft, progress_logger
@@ -37,6 +37,7 @@ from hsx_dagster.core.extraction.replay import Replay, covered, plan_replays
 from hsx_dagster.core.extraction.timing import LapTimer
 from hsx_dagster.core.settings import ExtractionSettings
 from hsx_dagster.core.storage.chunk_writer import ChunkWriter, StagedBatch
+from hsx_dagster.core.storage.cpu_account import CpuAccount
 from hsx_dagster.core.storage.format import STORAGE_DTYPES
 from hsx_dagster.core.storage.shard_store import ShardStore
 
@@ -64,6 +65,16 @@ class ExtractionReport:
     quarantined: list[dict]  # samples set aside by this run, with the reason
     final_batch_size: int = 0  # rows cap in use at the end
     batch_shape: BatchShapeSummary | None = None  # how the shape was chosen (None: nothing was extracted)
+    host_cpu_s: dict[str, float] = field(default_factory=dict)  # CPU-seconds by part (cpu_account.py)
+    process_cpu_s: float = 0.0  # the process's CPU time over the extraction (the parts add up to it)
+    direct_io: str = ""  # how chunk files were written, in words (direct_io.py)
+    chunks_direct: int = 0  # of this run's chunks, written with O_DIRECT
+
+    @property
+    def host_cpu_s_per_gb(self) -> dict[str, float]:
+        """CPU-seconds per GB stored by this run, by part."""
+        gb = self.bytes_written / 1e9
+        return {part: round(seconds / gb, 4) for part, seconds in self.host_cpu_s.items()} if gb else {}
 
     @classmethod
     def nothing_to_do(cls, shard: str, samples_total: int, device: torch.device) -> ExtractionReport:
@@ -108,6 +119,7 @@ class ExtractionReport:
             "padding_efficiency": round(self.padding_efficiency, 4),
             "forward_share": round(self.forward_share, 4),
             "probe_share": round(self.probe_share, 4),
+            "host_cpu_s_per_gb": self.host_cpu_s_per_gb,
         }
 
 
@@ -139,8 +151,7 @@ def extract_shard(
     log_line, started = log_line or log.info, time.perf_counter()
     device = next(backbone.model.parameters()).device
     storage_dtype = STORAGE_DTYPES[extraction.storage_dtype]
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    _reset_peak_memory(device)
     rows = _Rows.of(samples, store, pending)
     if rows.to_extract < rows.total:
         log_line(f"{shard}: resuming, {rows.total - rows.to_extract} of {rows.total} samples already committed")
@@ -149,8 +160,7 @@ def extract_shard(
     shaper = BatchShaper(extraction.batch_size, extraction.max_batch_tokens, device, order,
                          budget_fraction=probe_budget, log_line=log_line, shard=shard)  # fmt: skip
     retry: deque[Batch] = deque()  # pieces of a batch that ran out of memory, run before the next cut
-    timer = LapTimer(device)
-    counts = _Counts()
+    timer, counts = LapTimer(device), _Counts()
     show_progress = on_batch_progress or progress_logger(log_line, progress_every_s, shaper)
     time_left = TimeLeft(order, retry, shaper, lengths)
 
@@ -158,7 +168,7 @@ def extract_shard(
         staged = writer.stage(rows.ids[table_rows].tolist(), rows.lengths[table_rows].tolist(), keep)
         try:
             run_batch(backbone, table_rows, rows.input_ids, rows.loss_mask, staged, storage_dtype, pad_token_id, timer,
-                       measured)  # fmt: skip
+                       measured, cpu)  # fmt: skip
         except BaseException:
             writer.abandon(staged)
             raise
@@ -175,7 +185,8 @@ def extract_shard(
             )
         )  # fmt: skip
 
-    with HostPath(store, backbone.info, extraction, metadata, device) as host:
+    cpu = CpuAccount.started()
+    with cpu.thread("main_loop"), HostPath(store, backbone.info, extraction, metadata, device, cpu) as host:
         writer = host.writer
         _replay(rows.replays, run, writer, counts, time_left, progress_after_batch, shard, device, log_line)
         while retry or len(order):
@@ -194,7 +205,8 @@ def extract_shard(
             counts.add(len(batch.rows), batch.real_tokens, batch.computed_tokens)
             time_left.after(batch)
             progress_after_batch()
-    return _report_of(shard, rows.total, rows.to_extract, counts, writer, timer, shaper, device, started)
+    report = _report_of(shard, rows.total, rows.to_extract, counts, writer, timer, shaper, device, started)
+    return _with_host_figures(report, cpu, host.direct_io, store.chunks_direct)
 
 
 @dataclass
@@ -329,6 +341,17 @@ def _report_of(
     )
 
 
+def _with_host_figures(
+    report: ExtractionReport, cpu: CpuAccount, direct_io: str, chunks_direct: int
+) -> ExtractionReport:
+    """The report with where the host's CPU time went, by part, and how the chunk files were written."""
+    cpu.stop()
+    report.host_cpu_s = {part: round(seconds, 4) for part, seconds in cpu.seconds.items()}
+    report.process_cpu_s = round(cpu.process_s, 4)
+    report.direct_io, report.chunks_direct = direct_io, chunks_direct
+    return report
+
+
 def _split_after_out_of_memory(
     error: Exception,
     shard: str,
@@ -358,60 +381,6 @@ def _split_after_out_of_memory(
     return _split(batch, lengths, budget)
 
 
-def run_batch(
-    backbone: Backbone,
-    rows: np.ndarray,
-    input_ids: pa.ListArray,
-    loss_mask: pa.ListArray,
-    staged: StagedBatch,
-    storage_dtype: torch.dtype,
-    pad_token_id: int,
-    timer: LapTimer,
-    measured: bool = False,
-) -> None:
-    """One forward pass over ``rows`` (right-padded), its states gathered, reduced and copied into the ``staged``
-    rows on the device (batch_states.py); on a GPU the copy is still under way when this returns (``staged.ready``)."""
-    ids_per_row = [input_ids[int(r)].values.to_numpy(zero_copy_only=False) for r in rows]
-    lengths = [len(ids) for ids in ids_per_row]
-    if lengths != staged.lengths:
-        raise RuntimeError(f"the tokenized rows hold {lengths} tokens where num_tokens says {staged.lengths}")
-    longest = max(lengths)
-    padded = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
-    attention = np.zeros((len(rows), longest), dtype=np.int64)
-    for k, ids in enumerate(ids_per_row):
-        padded[k, : len(ids)] = ids
-        attention[k, : len(ids)] = 1
-    device = next(backbone.model.parameters()).device
-    cuda = device.type == "cuda"
-    input_tensor, mask_tensor = torch.from_numpy(padded), torch.from_numpy(attention)
-    positions = None
-    if cuda:
-        # Flat positions of the real tokens (row by row, in order), computed on the host: gathering with a boolean
-        # mask on the device would force a device-to-host synchronisation every batch.
-        positions = torch.from_numpy(np.concatenate([k * longest + np.arange(n) for k, n in enumerate(lengths)]))
-        input_tensor, mask_tensor, positions = (
-            tensor.pin_memory().to(device, non_blocking=True) for tensor in (input_tensor, mask_tensor, positions)
-        )
-    views = staged.views
-    started = timer.start(sync=measured)
-    captured = backbone.forward(input_tensor, mask_tensor)
-    info = backbone.info
-    copies = stage_states(
-        captured, info.layers.capture_keys, lengths, positions, views, storage_dtype, info.include_final
-    )
-    del captured
-    timer.stop(started, sync=measured)
-    copy_to_host(copies)
-    ids_rows, mask_rows, start = views["input_ids"].numpy(), views["loss_mask"].numpy(), 0
-    for r, ids in zip(rows, ids_per_row):
-        ids_rows[start : start + len(ids)] = ids
-        mask_rows[start : start + len(ids)] = loss_mask[int(r)].values.to_numpy(zero_copy_only=False)
-        start += len(ids)
-    if cuda:
-        staged.ready = torch.cuda.Event()
-        staged.ready.record()
-
-
 def _split(batch: Batch, lengths: np.ndarray, budget: int) -> list[Batch]:
     """The rows of a failed batch as at least two smaller batches."""
     rows = np.asarray(batch.rows)
@@ -421,6 +390,11 @@ def _split(batch: Batch, lengths: np.ndarray, budget: int) -> list[Batch]:
 def _plan_rows(rows: np.ndarray, lengths: np.ndarray, batch_size: int, budget: int) -> list[Batch]:
     planned = plan_batches(lengths[rows], batch_size, budget)
     return [Batch(tuple(int(rows[i]) for i in b.rows), b.longest, b.real_tokens) for b in planned]
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _peak_memory(device: torch.device) -> int:

@@ -56,10 +56,16 @@ class ShardJob:
     extraction: ExtractionSettings
     owner: str = "hsx"  # who holds the device, for the message another run sees (e.g. the Dagster run id)
     probe_budget: float = BUDGET_FRACTION  # share of the run the batch shape probes may cost (auto shapes)
+    run_id: str = ""  # the Dagster run's id: its shard checks take the digests this run's writer computed
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, shard: str, extraction: ExtractionSettings | None = None, owner: str = "hsx"
+        cls,
+        settings: Settings,
+        shard: str,
+        extraction: ExtractionSettings | None = None,
+        owner: str = "hsx",
+        run_id: str = "",
     ) -> ShardJob:
         """The job for one shard of ``settings``; ``extraction`` overrides its extraction section (run config).
         A key that is not one of the shards is a SettingsError naming `shards`."""
@@ -72,6 +78,7 @@ class ShardJob:
             layer_ids=tuple(settings.layer_ids),
             extraction=extraction or settings.extraction,
             owner=owner,
+            run_id=run_id,
         )
 
 
@@ -166,7 +173,9 @@ def _run_on_device(
         tokenized_sha256=tokenized_digest(table),
     )
     with (
-        ShardStore(job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=log_line) as store,
+        ShardStore(
+            job.output_dir, provenance, on_mismatch=extraction.on_mismatch, report=log_line, run_id=job.run_id
+        ) as store,
         ExitStack() as held,
     ):
         (job.output_dir / COMPLETE_FILE).unlink(missing_ok=True)

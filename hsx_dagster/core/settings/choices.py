@@ -17,6 +17,7 @@ Thinking = Literal["keep", "strip", "exclude_from_loss"]  # reasoning in assista
 ComputeDtype = Literal["auto", "bfloat16", "float16", "float32"]  # auto: bfloat16 on a GPU, float32 on the CPU
 StorageDtype = Literal["bfloat16", "float16", "float32", "float8_e4m3"]
 NanPolicy = Literal["fail", "quarantine"]
+DirectIo = Literal["auto", "on", "off"]  # chunk files written with O_DIRECT (core/storage/direct_io.py)
 # Explicit attention implementations, fastest first: `auto` takes the first one that works for the model.
 AttnImplementation = Literal["flash_attention_3", "flash_attention_2", "flash_attention_4", "sdpa", "eager"]
 OnMismatch = Literal["refuse", "start_over"]  # a shard folder made differently

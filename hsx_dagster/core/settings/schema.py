@@ -30,6 +30,7 @@ from hsx_dagster.core.settings.choices import (
     AUTO,
     AttnImplementation,
     ComputeDtype,
+    DirectIo,
     NanPolicy,
     OnMismatch,
     OnTruncated,
@@ -156,6 +157,12 @@ class ExtractionSettings(_Section):
         "fixes it",
     )
     chunk_mb: float = Field(256.0, gt=0, description="Most MiB in one chunk file (whole batches; a larger one is cut)")
+    direct_io: DirectIo = Field(
+        "auto",
+        description="Chunk files written with O_DIRECT from the staging memory, past the page cache: `auto` on ext4 "
+        "and xfs, `on` everywhere (buffered where the file system refuses it), `off` never; the choice is in the "
+        "`hidden_states` metadata",
+    )
     host_threads: AutoOrPositive = Field(
         "auto", description="PyTorch's threads per shard run: `auto` = its share of the cores of a shared host"
     )

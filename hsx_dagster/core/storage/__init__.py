@@ -45,6 +45,12 @@ if TYPE_CHECKING:
         StagedBatch as StagedBatch,
         statistics_specs as statistics_specs,
     )
+    from hsx_dagster.core.storage.cpu_account import (
+        PART_MEANING as PART_MEANING,
+        PARTS as PARTS,
+        CpuAccount as CpuAccount,
+    )
+    from hsx_dagster.core.storage.direct_io import choose_direct as choose_direct, filesystem_type as filesystem_type
     from hsx_dagster.core.storage.files import (
         FileLock as FileLock,
         LockRefusedError as LockRefusedError,
@@ -82,6 +88,7 @@ if TYPE_CHECKING:
         TOKENIZED_SUMMARY_FILE as TOKENIZED_SUMMARY_FILE,
         TOKENIZED_VERSION as TOKENIZED_VERSION,
         VERIFIED_FILE as VERIFIED_FILE,
+        WRITTEN_FILE as WRITTEN_FILE,
         FormatError as FormatError,
         check_drafter_manifest as check_drafter_manifest,
         dtype_name as dtype_name,
@@ -113,9 +120,11 @@ if TYPE_CHECKING:
         read_index as read_index,
         read_quarantine as read_quarantine,
         read_verified as read_verified,
+        read_written as read_written,
         record_verified as record_verified,
         shard_totals as shard_totals,
         verified_unchanged as verified_unchanged,
+        written_unchanged as written_unchanged,
     )
     from hsx_dagster.core.storage.shard_store import ShardStore as ShardStore
     from hsx_dagster.core.storage.staging import RowSpec as RowSpec, Span as Span, StagingRing as StagingRing
@@ -173,10 +182,13 @@ EXPORTS = {
         "TOKENIZED_SUMMARY_FILE",
         "TOKENIZED_VERSION",
         "VERIFIED_FILE",
+        "WRITTEN_FILE",
         "check_drafter_manifest",
         "dtype_name",
         "tokenized_shard_file",
     ],
+    "cpu_account": ["CpuAccount", "PARTS", "PART_MEANING"],
+    "direct_io": ["choose_direct", "filesystem_type"],
     "healing": ["set_aside_damaged"],
     "provenance": ["ChunkLayout", "FINAL_SLOT", "MEANING", "ShardProvenance", "StoredLayers"],
     "quantization": ["FP8_MAX", "block_size_for", "bytes_per_vector", "dequantize", "quantize", "scale_layout"],
@@ -187,9 +199,11 @@ EXPORTS = {
         "read_index",
         "read_quarantine",
         "read_verified",
+        "read_written",
         "record_verified",
         "shard_totals",
         "verified_unchanged",
+        "written_unchanged",
     ],
     "shard_store": ["ShardStore"],
     "staging": ["RowSpec", "Span", "StagingRing"],

@@ -33,6 +33,7 @@ from hsx_dagster.core.settings.choices import NanPolicy
 from hsx_dagster.core.storage.atomic import StoreError
 from hsx_dagster.core.storage.chunk_file import ChunkTensor
 from hsx_dagster.core.storage.chunk_stats import STAT_TENSORS, chunk_statistics_of, nonfinite_samples
+from hsx_dagster.core.storage.cpu_account import CpuAccount
 from hsx_dagster.core.storage.shard_store import ChunkRecord, QuarantineRecord, ShardStore
 from hsx_dagster.core.storage.staging import RowSpec, Span, StagingRing
 
@@ -114,7 +115,11 @@ class ChunkWriter:
         nan_policy: NanPolicy = "fail",
         slot_names: Sequence[str] = (),
         pin_memory: bool = False,
+        direct: bool = False,
+        cpu: CpuAccount | None = None,
     ) -> None:
+        """``direct``: chunk files written with O_DIRECT from the ring (buffered where the file system refuses it);
+        ``cpu``: where the writer's and the hashing thread's CPU time are added, by part."""
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, not {nan_policy!r}")
         self.store, self.metadata, self.hasher = store, metadata, hasher
@@ -122,6 +127,7 @@ class ChunkWriter:
         self.slot_names = list(slot_names)
         self.specs = {**self.file_specs, **statistics_specs(len(self.slot_names))}  # ... and what the ring carries
         self.chunk_bytes, self.nan_policy, self.pin_memory = chunk_bytes, nan_policy, pin_memory
+        self.direct, self.cpu = direct, cpu or CpuAccount()
         self.ring: StagingRing | None = None
         self.batch_rows = 0  # the largest batch the ring is sized for
         self.chunk_rows = 0  # tokens in a full chunk
@@ -224,6 +230,10 @@ class ChunkWriter:
 
     # --- the writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        with self.cpu.thread("writer_loop"):
+            self._loop()
+
+    def _loop(self) -> None:
         try:
             while True:
                 self._idle.set()
@@ -243,9 +253,11 @@ class ChunkWriter:
 
     def _take(self, batch: StagedBatch) -> None:
         if batch.ready is not None:
-            batch.ready.synchronize()  # the device-to-host copy of this batch has landed
-        flags = batch.views["token_nonfinite"].numpy() if batch.sample_ids else np.zeros((0, 1), dtype=bool)
-        bad = nonfinite_samples(flags, batch.lengths, self.slot_names)
+            with self.cpu.part("copy_wait"):
+                batch.ready.synchronize()  # the device-to-host copy of this batch has landed
+        with self.cpu.part("statistics"):
+            flags = batch.views["token_nonfinite"].numpy() if batch.sample_ids else np.zeros((0, 1), dtype=bool)
+            bad = nonfinite_samples(flags, batch.lengths, self.slot_names)
         bad = {k: detail for k, detail in bad.items() if batch.keep is None or batch.keep[k]}  # others are done
         if bad:
             self._set_aside(batch, bad)
@@ -296,6 +308,26 @@ class ChunkWriter:
         if not pending.runs:
             return
         started = time.perf_counter()
+        with self.cpu.part("serialisation"):
+            tensors = self._chunk_tensors(pending)
+        with self.cpu.part("statistics"):
+            stats = chunk_statistics_of(
+                [run.ring.views(run.start, run.stop) for run in pending.runs], self.slot_names, pending.rows
+            )
+        record = self.store.commit(
+            tensors, pending.sample_ids, self.metadata, stats, self.hasher, direct=self.direct, cpu=self.cpu
+        )
+        last = pending.runs[-1]
+        self._pending = _Pending()
+        last.ring.release(last.last, last.stop)
+        self._release_written()
+        self.bytes_written += record.bytes
+        self.committed.append(record)
+        self.bytes_flushed += pending.rows * self.file_row_bytes
+        self.write_s += time.perf_counter() - started
+
+    def _chunk_tensors(self, pending: _Pending) -> list[ChunkTensor]:
+        """The pending chunk's tensors: its rows of the ring (no copy), its offsets and sample ids."""
         tensors = [
             ChunkTensor(
                 name,
@@ -309,18 +341,7 @@ class ChunkWriter:
         np.cumsum(pending.lengths, out=offsets[1:])
         tensors.append(ChunkTensor.whole("offsets", torch.from_numpy(offsets)))
         tensors.append(ChunkTensor.whole("sample_ids", torch.tensor(pending.sample_ids, dtype=torch.int64)))
-        stats = chunk_statistics_of(
-            [run.ring.views(run.start, run.stop) for run in pending.runs], self.slot_names, pending.rows
-        )
-        record = self.store.commit(tensors, pending.sample_ids, self.metadata, stats, self.hasher)
-        last = pending.runs[-1]
-        self._pending = _Pending()
-        last.ring.release(last.last, last.stop)
-        self._release_written()
-        self.bytes_written += record.bytes
-        self.committed.append(record)
-        self.bytes_flushed += pending.rows * self.file_row_bytes
-        self.write_s += time.perf_counter() - started
+        return tensors
 
 
 def _empty_host_cache() -> None:

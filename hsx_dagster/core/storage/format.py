@@ -16,6 +16,8 @@ Everything the pipeline writes is Parquet, JSON, JSON lines or safetensors (neve
         removed_chunks.jsonl          chunks taken out of the index: damaged (moved to set_aside/) or holding
                                       no current sample (deleted), with the reason
         verified.json                 chunks the shard checks read whole, with the size, mtime and inode they had
+        written.jsonl                 chunks the latest run committed, with the sha256 it hashed from memory and
+                                      the file's size, mtime, ctime and inode: its checks do not read them again
         split_batches.jsonl           batches cut into several chunks, their samples in order: a run that redoes some
                                       of them forms the same batch again (core/extraction/replay.py)
     <output_dir>/drafter/
@@ -107,6 +109,7 @@ LOCK_FILE = "shard.lock"
 REMOVED_CHUNKS_FILE = "removed_chunks.jsonl"  # chunks taken out of the index, with the reason (chunk_removal.py)
 SET_ASIDE_DIR = "set_aside"  # damaged chunks, moved here rather than deleted
 SPLIT_BATCHES_FILE = "split_batches.jsonl"  # batches cut into several chunks: their samples, in order (replay.py)
+WRITTEN_FILE = "written.jsonl"  # this run's chunks as its writer hashed them: sha256, size, mtime, ctime, inode
 VERIFIED_FILE = "verified.json"  # chunks the shard checks read whole and found as written: sha256, size, mtime, inode
 CHUNK_PATTERN = "chunk-{:06d}.safetensors"
 # Tensors of a chunk: per token input_ids int32 [T], loss_mask uint8 [T], hidden_states [T, L, H],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hsx_dagster.core.storage.atomic import StoreError, read_lines, write_atomic
-from hsx_dagster.core.storage.format import SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, VERIFIED_FILE
+from hsx_dagster.core.storage.format import SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, VERIFIED_FILE, WRITTEN_FILE
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,53 @@ def read_verified(directory: Path) -> dict:
     except (FileNotFoundError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# --- this run's chunks, as its writer hashed them (written.jsonl) ---------------------------------------------------
+# The writer hashed a chunk's bytes from memory while it wrote them (chunk_file.py); reading the file back from the
+# page cache moments later would prove nothing more about the disk. So the checks of the run that wrote a chunk take
+# the writer's digest while the file is the one it wrote: the same size, mtime, ctime and inode as just after the
+# commit (a write or a replacement since changes mtime or the inode; resetting the mtime changes the ctime).
+
+
+def file_identity(path: Path) -> dict[str, int]:
+    status = os.stat(path)
+    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "ctime_ns": status.st_ctime_ns,
+            "ino": status.st_ino}  # fmt: skip
+
+
+def start_written(directory: Path) -> None:
+    """A run begins: the chunks earlier runs wrote are not its own (their checks verified them, or hash them)."""
+    (Path(directory) / WRITTEN_FILE).unlink(missing_ok=True)
+
+
+def record_written(directory: Path, record: ChunkRecord, run_id: str) -> None:
+    """Note a chunk just committed by run ``run_id`` with its file's identity now. Not fsynced: an entry lost in a
+    crash only means the chunk is hashed by the checks."""
+    entry = {"chunk": record.chunk, "sha256": record.sha256, "run_id": run_id,
+             **file_identity(Path(directory) / record.chunk)}  # fmt: skip
+    with open(Path(directory) / WRITTEN_FILE, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+def read_written(directory: Path, run_id: str | None) -> dict[str, dict]:
+    """Chunk -> the writer's entry, for the chunks run ``run_id`` committed (none without a run id)."""
+    if not run_id:
+        return {}
+    try:
+        entries = read_lines(Path(directory) / WRITTEN_FILE)
+    except StoreError:
+        return {}  # an unreadable ledger trusts nothing: every chunk is hashed
+    return {entry["chunk"]: entry for entry in entries if isinstance(entry, dict) and entry.get("run_id") == run_id}
+
+
+def written_unchanged(directory: Path, record: ChunkRecord, written: dict[str, dict]) -> bool:
+    """Whether ``record``'s chunk is the file this run's writer committed, with the digest the index records."""
+    entry = written.get(record.chunk)
+    if entry is None or entry.get("sha256") != record.sha256:
+        return False
+    try:
+        identity = file_identity(Path(directory) / record.chunk)
+    except FileNotFoundError:
+        return False
+    return all(entry.get(key) == value for key, value in identity.items())

@@ -24,6 +24,7 @@ from hsx_dagster.core.settings.choices import OnMismatch
 from hsx_dagster.core.storage.atomic import StoreError, append_lines, drop_torn_tail, write_atomic
 from hsx_dagster.core.storage.chunk_file import ChunkTensor, write_chunk
 from hsx_dagster.core.storage.chunk_removal import NO_CURRENT_SAMPLES, finish_removals, read_removed, remove_chunks
+from hsx_dagster.core.storage.cpu_account import CpuAccount
 from hsx_dagster.core.storage.files import FileLock
 from hsx_dagster.core.storage.format import (
     CHUNK_PATTERN,
@@ -45,7 +46,9 @@ from hsx_dagster.core.storage.shard_records import (  # re-exported: the records
     ShardTotals,
     read_index,
     read_quarantine,
+    record_written,
     shard_totals,
+    start_written,
 )
 
 __all__ = [
@@ -71,7 +74,10 @@ class ShardStore:
         provenance: ShardProvenance,
         on_mismatch: OnMismatch = "refuse",
         report: Callable[[str], None] | None = None,
+        run_id: str = "",
     ) -> None:
+        """``run_id``: who commits chunks through this store (a Dagster run's id), so that the checks of that run
+        take the digests its writer computed (written.jsonl); empty: none are taken."""
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, not {on_mismatch!r}")
         self.directory = Path(directory)
@@ -80,6 +86,8 @@ class ShardStore:
         if lock is None:
             raise StoreError(f"{self.directory} is being written by another run (lock {LOCK_FILE} is held)")
         self._lock = lock
+        self.run_id = run_id
+        self.chunks_direct = 0  # chunks this store wrote with O_DIRECT
         try:
             self._check_provenance(provenance, on_mismatch, report or log.warning)
             for name in (SHARD_INDEX_FILE, SHARD_QUARANTINE_FILE, REMOVED_CHUNKS_FILE, SPLIT_BATCHES_FILE):
@@ -87,6 +95,7 @@ class ShardStore:
             self.records = finish_removals(self.directory)  # a removal a crash interrupted is completed first
             self.quarantined = read_quarantine(self.directory)
             self._remove_uncommitted()
+            start_written(self.directory)
         except BaseException:
             self.close()
             raise
@@ -189,11 +198,19 @@ class ShardStore:
         metadata: dict[str, str],
         stats: dict | None,
         hasher: Executor,
+        *,
+        direct: bool = False,
+        cpu: CpuAccount | None = None,
     ) -> ChunkRecord:
-        """Write one chunk atomically, hashed while it is written (chunk_file.py), then record it in the index (with
-        its write-time ``stats``)."""
+        """Write one chunk atomically, hashed while it is written (chunk_file.py; ``direct``: with O_DIRECT where the
+        file system takes it, counted in ``chunks_direct``), then record it in the index (with its write-time
+        ``stats``). ``cpu``: where the writing's CPU time is added, by part."""
+        cpu = cpu or CpuAccount()
         name = self.next_chunk_name()
-        size, sha256 = write_chunk(self.directory / name, tensors, metadata, hasher)
+        size, sha256, wrote_direct = write_chunk(
+            self.directory / name, tensors, metadata, hasher, direct=direct, cpu=cpu
+        )
+        self.chunks_direct += wrote_direct
         tokens = next(tensor.rows for tensor in tensors if tensor.name == "input_ids")
         record = ChunkRecord(
             chunk=name,
@@ -204,8 +221,11 @@ class ShardStore:
             sample_ids=list(sample_ids),
             stats=stats,
         )
-        append_lines(self.directory / SHARD_INDEX_FILE, [asdict(record)])
-        self.records.append(record)
+        with cpu.part("index_and_records"):
+            append_lines(self.directory / SHARD_INDEX_FILE, [asdict(record)])
+            self.records.append(record)
+            if self.run_id:
+                record_written(self.directory, record, self.run_id)
         return record
 
     def mark_complete(self, summary: dict) -> None:

@@ -4,7 +4,8 @@ Each batch reserves a contiguous span of rows; the device copies its states stra
 the copy is asynchronous on a GPU; on the CPU the gather writes there directly), and the chunk writer writes chunk
 files from those rows (chunk_file.py) and releases them, oldest first. Nothing is allocated per batch (large
 allocations freed and faulted in again batch after batch cost more system time than the copies themselves), and
-the memory a run holds is the ring's, whatever the chunk size and the number of batches.
+the memory a run holds is the ring's, whatever the chunk size and the number of batches. Every tensor's rows start on
+a page boundary, so chunk files can be written from them with O_DIRECT (atomic.py).
 
 A span never wraps around the end (a batch's rows stay one block of memory); rows left at the end are skipped until
 the oldest rows are released. `reserve` waits while the ring is full, which is what holds the device back when
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from hsx_dagster.core.storage.atomic import ALIGN
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,7 @@ class StagingRing:
             raise ValueError("a staging ring needs at least one row")
         self.specs = dict(specs)
         self.rows = rows
-        self.buffers = {
-            name: torch.empty((rows, *spec.shape), dtype=spec.dtype, pin_memory=pin) for name, spec in specs.items()
-        }
+        self.buffers = {name: _page_aligned((rows, *spec.shape), spec, pin) for name, spec in specs.items()}
         self._live: deque[Span] = deque()  # reserved and not released yet, oldest first
         self._reserved = 0
         self._changed = threading.Condition()
@@ -113,3 +114,14 @@ class StagingRing:
         if self.rows - head >= rows:
             return head
         return 0 if tail >= rows else None
+
+
+def _page_aligned(shape: tuple[int, ...], spec: RowSpec, pin: bool) -> torch.Tensor:
+    """An empty tensor whose first row starts on an ALIGN boundary: O_DIRECT writes take chunk bytes straight from
+    the ring (atomic.py), which needs the memory aligned as the file is (a plain allocation is aligned to 64 bytes)."""
+    count = shape[0] * spec.nbytes
+    raw = torch.empty(count, dtype=torch.uint8, pin_memory=pin)  # pinned memory comes page-aligned: taken as it is
+    if raw.data_ptr() % ALIGN:  # (the host allocator rounds sizes up to powers of two: no padding where not needed)
+        raw = torch.empty(count + ALIGN, dtype=torch.uint8, pin_memory=pin)  # untouched pages: the first costs nothing
+    skip = -raw.data_ptr() % ALIGN
+    return raw[skip : skip + count].view(spec.dtype).view(shape)

@@ -7,7 +7,7 @@ asset observation of its partition: soon after it starts, then every `operations
 """
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dagster import (
     AssetExecutionContext,
@@ -28,6 +28,7 @@ from hsx_dagster.core.dataset import (
     total_line,
 )
 from hsx_dagster.core.extraction import Progress, ShardJob, ShardResult, probe_table_markdown, run_shard, shape_label
+from hsx_dagster.core.storage import PART_MEANING
 from hsx_dagster.core.units import format_bytes, format_count, format_duration, format_rate, format_share
 from hsx_dagster.defs.resources import GpuResource, HsxSettings
 from hsx_dagster.defs_support.asset_keys import HIDDEN_STATES, INPUTS, TOKENIZED_DATASET
@@ -60,16 +61,28 @@ def build_hidden_states(partitions_def: StaticPartitionsDefinition):
     def extract_hidden_states(
         context: AssetExecutionContext, gpu: GpuResource, settings: HsxSettings
     ) -> MaterializeResult:
+        before_step_s = time.process_time()  # the process's start-up, imports and Dagster until this step
         loaded = settings.load()
         shard = context.partition_key
-        job = ShardJob.from_settings(loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})")
+        job = ShardJob.from_settings(
+            loaded, shard, gpu.validated(), owner=f"run {context.run_id[:8]} ({shard})", run_id=context.run_id
+        )
         # asked once before the extraction too, timed: the time left includes the same question at the end
         asked = time.perf_counter()
         shard_table(context.instance, loaded, exclude_run_id=context.run_id)
         live = ProgressReporter(context, shard, loaded.operations.progress_every_s, time.perf_counter() - asked)
+        run_started_s = time.process_time()
         result = run_shard(job, log_line=context.log.info, on_batch_progress=live, warn=context.log.warning)
+        run_s = time.process_time() - run_started_s
         rows = shard_table(context.instance, loaded, exclude_run_id=context.run_id)
-        return MaterializeResult(metadata={**shards_metadata(rows), **hidden_states_metadata(result, job)})
+        step_cpu = StepCpu(before_step_s, run_s, time.process_time() - before_step_s)
+        return MaterializeResult(
+            metadata={
+                **shards_metadata(rows),
+                **hidden_states_metadata(result, job),
+                **host_cpu_metadata(result, step_cpu),
+            }
+        )
 
     return extract_hidden_states
 
@@ -175,4 +188,49 @@ def this_run_metadata(result: ShardResult) -> dict:
         "peak memory": format_bytes(report.peak_memory_bytes),
         "batches": f"{format_count(report.batches)}, shape {shape_label(shape)}"
         + (f", {report.oom_splits} split after running out of memory" if report.oom_splits else ""),
+    }
+
+
+@dataclass(frozen=True)
+class StepCpu:
+    """The process's CPU-seconds around the shard run: before the step began, in `run_shard`, in the whole step."""
+
+    before_step_s: float
+    run_s: float
+    step_s: float
+
+
+STEP_PARTS = {
+    "run_setup": "the run around the extraction: inputs read, output folder checked, model loaded, shard marked "
+    "complete",
+    "dagster_step": "Dagster in this step: the shard table asked for before and after, progress events",
+    "startup_and_dagster": "the process before this step: Python's start-up, imports, Dagster's run and step set-up",
+}
+
+
+def host_cpu_metadata(result: ShardResult, step: StepCpu) -> dict:
+    """Where the host's CPU-seconds went, per GB this run stored: the extraction's parts (cpu_account.py) and the
+    rest of the process (set-up, Dagster, start-up), which add up to the process's CPU time at the end of the step.
+    The shard checks run after this and report their own (`checks_cpu_s_per_gb` in their metadata)."""
+    report = result.report
+    if not report.bytes_written:
+        return {}
+    seconds = {
+        **report.host_cpu_s,
+        "run_setup": max(step.run_s - report.process_cpu_s, 0.0),
+        "dagster_step": max(step.step_s - step.run_s, 0.0),
+        "startup_and_dagster": step.before_step_s,
+    }
+    gb = report.bytes_written / 1e9
+    meaning = {**PART_MEANING, **STEP_PARTS}
+    rows = "\n".join(f"| {part} | {value / gb:.3f} | {meaning.get(part, '')} |" for part, value in seconds.items())
+    total = sum(seconds.values()) / gb
+    return {
+        "host CPU per GB": MetadataValue.md(
+            f"| part | CPU-s/GB | what |\n|---|---:|---|\n{rows}\n| **total** | "
+            f"**{total:.3f}** | the process's CPU time at the end of the step |"
+        ),
+        "host_cpu_s_per_gb": round(total, 3),
+        "extraction_cpu_s_per_gb": round(report.process_cpu_s / gb, 3),  # the parts of the extraction alone
+        "chunk writes": f"{report.direct_io}: {report.chunks_direct} of {len(report.chunks)} chunks written direct",
     }

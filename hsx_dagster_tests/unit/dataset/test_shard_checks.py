@@ -100,7 +100,13 @@ def extracted(settings_file):
             # what checking cost, in words beside the extraction's time (one read for the three checks)
             times = {e.metadata["checks time"].value for e in evaluations.values()}
             (words,) = times
-            assert re.fullmatch(r".+ to read .+ at .+/s; the extraction took .+ \(.+% of it\)", words), words
+            # one hash per byte: the run's own chunks are not read again (written.jsonl), their bytes not hashed twice
+            chunks = len(read_index(pipeline.out / "hidden_states" / shard))
+            assert re.fullmatch(rf".+ to read 0 B; the extraction took .+ \(.+% of it\); {chunks} chunks \(.+\) "
+                                "written by this run, checksums as its writer computed them, not read again",
+                                words), words  # fmt: skip
+            # the checks' own CPU time per GB the run stored: the last part of the run's host CPU per GB
+            assert evaluations["shard_integrity"].metadata["checks_cpu_s_per_gb"].value > 0
         yield pipeline
 
 

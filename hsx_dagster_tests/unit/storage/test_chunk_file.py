@@ -63,7 +63,7 @@ def _split(data: bytes) -> tuple[dict, bytes, bytes]:
 def test_a_chunk_is_the_file_safetensors_writes_for_the_same_tensors(fp8, tmp_path):
     tensors = _chunk(fp8)
     with ThreadPoolExecutor(1) as hasher:
-        size, sha256 = write_chunk(tmp_path / "chunk.safetensors", _as_pieces(tensors), METADATA, hasher)
+        size, sha256, _ = write_chunk(tmp_path / "chunk.safetensors", _as_pieces(tensors), METADATA, hasher)
     ours = (tmp_path / "chunk.safetensors").read_bytes()
     theirs = save(tensors, metadata=METADATA)
     our_header, our_raw, our_data = _split(ours)
