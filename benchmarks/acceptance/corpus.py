@@ -15,6 +15,9 @@ import hashlib
 import importlib
 import inspect
 import json
+import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,6 +161,7 @@ STDLIB_MODULES = [
     "zoneinfo",
 ]
 
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 ANSWER_CHARS = 700  # a docstring's first paragraphs up to about this long: answers of a few dozen tokens
 HELD_OUT_PER_MILLE = 60  # of the items (by name hash) never trained on
 QUESTIONS = (
@@ -200,14 +204,18 @@ def _first_paragraphs(doc: str) -> str:
 
 def _signature(name: str, member: Any) -> str:
     try:
-        return f"`{name}{inspect.signature(member)}`"
+        signature = str(inspect.signature(member))
     except (TypeError, ValueError):  # builtins without text signatures
         return f"`{name}`"
+    # a sentinel default prints as `<object object at 0x7f...>`: its address changes from one process to the next
+    return f"`{name}{ADDRESS.sub('', signature)}`"
 
 
 def _documented(module: Any) -> Iterator[tuple[str, Any, str]]:
     """(qualified name, object, docstring) of the module's public functions, classes and their methods."""
-    for attr in sorted(vars(module)):
+    # dir() names the lazily imported members too (concurrent.futures' executors), which vars() lists only once
+    # some other import has loaded them: the corpus must not depend on what else the process imported
+    for attr in sorted(dir(module)):
         if attr.startswith("_"):
             continue
         member = getattr(module, attr)
@@ -276,7 +284,21 @@ def sharegpt_items(path: Path) -> list[Item]:
 
 
 def build_items() -> tuple[list[Item], dict[str, Any]]:
-    """Every item, in a fixed order, and where they came from (for the report)."""
+    """Every item, in a fixed order, and where they came from (for the report), read in a child interpreter that
+    imports nothing but the standard library: libraries patch it (transformers adds methods to logging.Logger, torch
+    replaces inspect.getfile), and the corpus must not depend on what the calling process imported."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.acceptance.corpus"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"python -m benchmarks.acceptance.corpus failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+        )
+    payload = json.loads(done.stdout)
+    return [Item(key, messages) for key, messages in payload["items"]], payload["sources"]
+
+
+def _items_of_this_process() -> tuple[list[Item], dict[str, Any]]:
     items = stdlib_items()
     stdlib_count = len(items)
     sample = sharegpt_sample_path()
@@ -305,3 +327,8 @@ def held_out_prompts(items: list[Item]) -> list[dict[str, Any]]:
             }
         )
     return prompts
+
+
+if __name__ == "__main__":  # what build_items runs: the items as JSON on stdout
+    corpus, sources = _items_of_this_process()
+    json.dump({"items": [[item.key, item.messages] for item in corpus], "sources": sources}, sys.stdout)
