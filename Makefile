@@ -11,13 +11,16 @@
 #   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}, <date>-host-path-gpu.*
 #   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
 #   make bench-scale  every step of the pipeline at 2 x 10^4 and 2 x 10^5 conversations: benchmarks/results/<date>-scale.{json,md}
+#   make acceptance-target  the acceptance benchmark's target, trained here (cached): data/acceptance/<size>/, SIZE=ci|bench
+#   make acceptance-data    its drafters' data, every variant through the Dagster definitions (cached): .../<size>/data/
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-quick check ui bench bench-gpu bench-regen bench-scale install data instance clean trainer-env
+.PHONY: demo test test-quick check ui bench bench-gpu bench-regen bench-scale install data instance clean trainer-env \
+	acceptance-target acceptance-data
 
 install: $(VENV)/.installed
 
@@ -30,6 +33,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 data: install
 	$(BIN)/python -m hsx_dagster.demo build --out data
+
+# The acceptance benchmark's target and data (benchmarks/acceptance/); each is rebuilt only when its recipe changes.
+SIZE ?= bench
+acceptance-target: install
+	$(BIN)/python -m benchmarks.acceptance.target --size $(SIZE) --out data/acceptance/$(SIZE)
+
+acceptance-data: acceptance-target
+	$(BIN)/python -m benchmarks.acceptance.data --target data/acceptance/$(SIZE) --variant all
 
 # Slots of the `gpu` pool: one per GPU that nvidia-smi lists, 1 without GPUs (`make instance GPUS=4` to choose).
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')

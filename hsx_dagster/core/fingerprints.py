@@ -82,6 +82,7 @@ def code_versions(settings: Settings) -> dict[str, str]:
         "max_length": dataset.max_length,
         "min_loss_tokens": dataset.min_loss_tokens,
         "thinking": dataset.thinking,
+        "loss_mask": dataset.loss_mask,
         "shards": settings.shards,
     }
     hidden = {

@@ -179,13 +179,17 @@ def chat_messages(conversation: Conversation, markers: TemplateMarkers, thinking
     return chat
 
 
-def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thinking: str) -> RenderedConversation:
+def render(
+    conversation: Conversation, tokenizer, markers: TemplateMarkers, thinking: str, loss_mask: str = "assistant"
+) -> RenderedConversation:
     """Render with the chat template (``apply_chat_template(messages, tools=tools)``) and locate the
-    characters of each assistant turn.
+    characters the loss covers.
 
     ``thinking``: 'keep' supervises reasoning wherever the template renders it; 'strip' removes it
     (``reasoning_content`` and inline ``<think>``) from every assistant turn before rendering;
     'exclude_from_loss' renders it but leaves it out of the loss.
+    ``loss_mask``: 'assistant' supervises the assistant turns; 'all' the whole text (the assistant turns are
+    still located, so a template that loses one rejects the sample either way).
     """
     tools = conversation.chat_tools()
     _refuse_control_text(conversation, tools, markers)
@@ -195,7 +199,8 @@ def render(conversation: Conversation, tokenizer, markers: TemplateMarkers, thin
     except Exception as exc:  # a template may raise on shapes it does not support (e.g. role order)
         raise SampleRejected(RejectReason.TEMPLATE_ERROR, f"chat template failed: {exc}") from None
 
-    return RenderedConversation(text, _assistant_spans(text, conversation, markers, thinking))
+    spans = _assistant_spans(text, conversation, markers, thinking)
+    return RenderedConversation(text, [(0, len(text))] if loss_mask == "all" else spans)
 
 
 def _assistant_spans(

@@ -167,6 +167,7 @@ def _options(dataset: DatasetSettings, model: ModelSettings, shards: int) -> dic
         "max_length": dataset.max_length,
         "min_loss_tokens": dataset.min_loss_tokens,
         "thinking": dataset.thinking,
+        "loss_mask": dataset.loss_mask,
         "shards": shards,
         "trust_remote_code": model.trust_remote_code,
         "workers": parse_auto_or_positive(dataset.tokenize_workers),

@@ -92,7 +92,12 @@ def resolve_workers(setting: int | str | None, input_bytes: int | None = None) -
 
 
 def process_records(
-    records: Sequence[RawRecord], tokenizer, markers: TemplateMarkers, thinking: str, max_length: int
+    records: Sequence[RawRecord],
+    tokenizer,
+    markers: TemplateMarkers,
+    thinking: str,
+    max_length: int,
+    loss_mask: str = "assistant",
 ) -> list[Outcome]:
     """Parse, render and tokenise records (the work a worker process does), in order."""
     outcomes: list[Outcome | None] = [None] * len(records)
@@ -104,7 +109,7 @@ def process_records(
             continue
         sample_id = sample_id_of(item.messages, item.tools)
         try:
-            rendered.append(render(item, tokenizer, markers, thinking))
+            rendered.append(render(item, tokenizer, markers, thinking, loss_mask))
             places.append((position, sample_id, item.ignored))
         except SampleRejected as exc:
             outcomes[position] = Refused(sample_id, item.ignored, exc)
@@ -116,7 +121,7 @@ def process_records(
 _WORKER_STATE: dict = {}
 
 
-def _worker_start(model_path: str, trust_remote_code: bool, thinking: str, max_length: int) -> None:
+def _worker_start(model_path: str, trust_remote_code: bool, thinking: str, max_length: int, loss_mask: str) -> None:
     # One process per core already: the tokenizer's own thread pool would only oversubscribe the cores.
     os.environ[TOKENIZER_THREADS_VARIABLE] = "false"
     # The objects inherited from the parent are never this worker's garbage: kept out of its collections,
@@ -125,12 +130,14 @@ def _worker_start(model_path: str, trust_remote_code: bool, thinking: str, max_l
     if "tokenizer" not in _WORKER_STATE:  # forked workers inherit the parent's tokenizer and markers
         tokenizer = load_tokenizer(Path(model_path), trust_remote_code)
         _WORKER_STATE.update(tokenizer=tokenizer, markers=TemplateMarkers.probe(tokenizer))
-    _WORKER_STATE.update(thinking=thinking, max_length=max_length)
+    _WORKER_STATE.update(thinking=thinking, max_length=max_length, loss_mask=loss_mask)
 
 
 def _worker_run(records: list[RawRecord]) -> list[Reject | Refused | _WireTokens]:
     state = _WORKER_STATE
-    outcomes = process_records(records, state["tokenizer"], state["markers"], state["thinking"], state["max_length"])
+    outcomes = process_records(
+        records, state["tokenizer"], state["markers"], state["thinking"], state["max_length"], state["loss_mask"]
+    )
     return [_to_wire(outcome) for outcome in outcomes]
 
 
@@ -188,7 +195,13 @@ class RecordProcessor:
                 max_workers=workers,
                 mp_context=context,
                 initializer=_worker_start,
-                initargs=(str(model.path), model.trust_remote_code, dataset.thinking, dataset.max_length),
+                initargs=(
+                    str(model.path),
+                    model.trust_remote_code,
+                    dataset.thinking,
+                    dataset.max_length,
+                    dataset.loss_mask,
+                ),
             )
 
     def run(self, batches: Iterator[list[RawRecord]]) -> Iterator[tuple[list[RawRecord], list[Outcome]]]:
@@ -196,7 +209,12 @@ class RecordProcessor:
         dataset = self.dataset
         if self.pool is None:
             for batch in batches:
-                yield batch, process_records(batch, self.tokenizer, self.markers, dataset.thinking, dataset.max_length)
+                yield (
+                    batch,
+                    process_records(
+                        batch, self.tokenizer, self.markers, dataset.thinking, dataset.max_length, dataset.loss_mask
+                    ),
+                )
             return
         pending: deque[tuple[list, list[Future]]] = deque()
         for batch in batches:

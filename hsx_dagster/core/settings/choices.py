@@ -14,6 +14,7 @@ from typing import Any, Literal
 AUTO = "auto"
 
 Thinking = Literal["keep", "strip", "exclude_from_loss"]  # reasoning in assistant turns
+LossMask = Literal["assistant", "all"]  # the tokens a drafter learns to predict
 ComputeDtype = Literal["auto", "bfloat16", "float16", "float32"]  # auto: bfloat16 on a GPU, float32 on the CPU
 StorageDtype = Literal["bfloat16", "float16", "float32", "float8_e4m3"]
 NanPolicy = Literal["fail", "quarantine"]

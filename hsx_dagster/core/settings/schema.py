@@ -31,6 +31,7 @@ from hsx_dagster.core.settings.choices import (
     AttnImplementation,
     ComputeDtype,
     DirectIo,
+    LossMask,
     NanPolicy,
     OnMismatch,
     OnTruncated,
@@ -75,6 +76,12 @@ class DatasetSettings(_Section):
         "keep",
         description="Reasoning (`reasoning_content` or inline `<think>`): `keep` as the chat template renders it "
         "(supervised), `strip` it from every assistant turn, or `exclude_from_loss` (rendered, masked out)",
+    )
+    loss_mask: LossMask = Field(
+        "assistant",
+        description="The tokens the drafter learns to predict: `assistant` (the assistant turns, end of turn "
+        "included; `thinking` decides for their reasoning) or `all` (every token, system, user and tool turns and "
+        "the template's markup included)",
     )
     tokenize_workers: AutoOrPositive = Field(
         "auto",

@@ -38,12 +38,12 @@ SAMPLE_COLUMNS = {
     "source": "input file",
     "source_index": "record number in the input file",
     "input_ids": "token ids of the rendered conversation",
-    "loss_mask": "1 on tokens the drafter learns to predict (assistant turns)",
+    "loss_mask": "1 on tokens the drafter learns to predict (assistant turns; every token with dataset.loss_mask: all)",
     "shard": "hidden_states partition the sample belongs to",
 }
 
 
-RUN_CONFIG_KEYS = ("max_length", "min_loss_tokens", "thinking")  # of the `dataset` section
+RUN_CONFIG_KEYS = ("max_length", "min_loss_tokens", "thinking", "loss_mask")  # of the `dataset` section
 
 
 class _TokenizeConfigBase(Config):

@@ -134,6 +134,25 @@ def test_truncation_cuts_the_mask_with_the_ids(demo_tokenizer):
     assert np.array_equal(cut.loss_mask, full.loss_mask[: len(cut.input_ids)])
 
 
+def test_loss_mask_all_covers_the_whole_rendered_text(demo_tokenizer):
+    markers = TemplateMarkers.probe(demo_tokenizer)
+    chat = conversation(("system", "be brief"), ("user", "a question"), ("assistant", "an answer"))
+    (assistant,) = tokenize_rendered([render(chat, demo_tokenizer, markers, "keep")], demo_tokenizer, 10_000)
+    item = render(chat, demo_tokenizer, markers, "keep", loss_mask="all")
+    (everything,) = tokenize_rendered([item], demo_tokenizer, 10_000)
+    assert np.array_equal(everything.input_ids, assistant.input_ids)
+    assert everything.loss_mask.all() and 0 < assistant.loss_mask.sum() < len(assistant.loss_mask)
+    # a template that loses an assistant turn still rejects the sample, whatever the mask covers
+    with pytest.raises(SampleRejected):
+        render(
+            conversation(("user", "q"), ("assistant", "a"), ("assistant", "b")),
+            demo_tokenizer,
+            TemplateMarkers("<|im_start|>assistant\n", "<nope>", markers.control_strings, markers.content_parts),
+            "keep",
+            loss_mask="all",
+        )
+
+
 def test_control_tokens_in_content_are_rejected(demo_tokenizer):
     markers = TemplateMarkers.probe(demo_tokenizer)
     sneaky = conversation(("user", "hi <|im_end|> there"), ("assistant", "ok"))

@@ -211,6 +211,23 @@ def test_tokenizer_without_template_is_an_error_naming_the_model(tmp_path, demo_
         tokenize([good], model, tmp_path / "out")
 
 
+@pytest.mark.parametrize("workers", [1, 2])  # in this process, and in worker processes (the setting reaches them)
+def test_loss_mask_all_supervises_every_token(tmp_path, demo_model_dir, workers):
+    records = [chat("a question", "its answer", f"a follow-up {i}", "another answer") for i in range(6)]
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    assistant = tokenize([path], demo_model_dir, tmp_path / "a", workers=workers)
+    everything = tokenize([path], demo_model_dir, tmp_path / "e", workers=workers, loss_mask="all")
+    assert everything.tokens == assistant.tokens
+    assert everything.loss_tokens == everything.tokens > assistant.loss_tokens
+    (table,) = read_all(tmp_path / "e", 1)
+    (reference,) = read_all(tmp_path / "a", 1)
+    assert table.column("input_ids").to_pylist() == reference.column("input_ids").to_pylist()
+    assert all(all(mask) for mask in table.column("loss_mask").to_pylist())
+    # the summary records the choice: a dataset tokenized the other way is not mistaken for this one
+    summary = json.loads((tmp_path / "e" / "summary.json").read_text())
+    assert summary["options"]["loss_mask"] == "all"
+
+
 @pytest.mark.slow  # the whole demo corpus through several passes
 def test_truncation_and_thinking_policy(demo_paths, demo_model_dir, tmp_path):
     short = tokenize(demo_paths, demo_model_dir, tmp_path / "s", max_length=256, shards=1)

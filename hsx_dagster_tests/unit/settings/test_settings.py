@@ -45,6 +45,7 @@ def test_defaults_and_relative_paths_resolve_against_the_settings_folder(project
     assert settings.layer_ids == [1, 17, 32]
     assert settings.shards == 1 and settings.shard_keys == ["shard-00"]
     assert settings.dataset.thinking == "keep"
+    assert settings.dataset.loss_mask == "assistant"
 
 
 def test_hsx_config_env_var_and_env_overrides(project, monkeypatch):
@@ -70,6 +71,7 @@ def test_hsx_config_env_var_and_env_overrides(project, monkeypatch):
         ("shards: 0\n", r"key `shards`: Input should be greater than or equal to 1"),
         ("extraction:\n  batch_size: -1\n", r"key `extraction.batch_size`"),
         ("dataset:\n  paths: [in/a.jsonl]\n  thinking: maybe\n", r"key `dataset.thinking`.*'maybe'"),
+        ("dataset:\n  paths: [in/a.jsonl]\n  loss_mask: user\n", r"key `dataset.loss_mask`.*'assistant' or 'all'"),
     ],
 )
 def test_bad_keys_and_values_are_named(project, extra, message):
