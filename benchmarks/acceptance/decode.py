@@ -91,8 +91,9 @@ class Decode:
     seconds: float = 0.0
 
     @property
-    def tau(self) -> float:
-        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+    def tau(self) -> float | None:
+        """None when the prefill's token already ended the decode (no verification step)."""
+        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else None
 
 
 @dataclass
@@ -102,7 +103,8 @@ class Greedy:
 
     tokens: list[int]
     margins: list[float] = field(default_factory=list)
-    forward_seconds: list[float] = field(default_factory=list)
+    forward_seconds: list[float] = field(default_factory=list)  # the decoding forwards (the prefill left out)
+    seconds: float = 0.0  # the whole decode, prefill included, as a speculative decode is timed
 
 
 def _stop(tokens: list[int], budget: int, eos: set[int]) -> list[int]:
@@ -115,14 +117,15 @@ def _stop(tokens: list[int], budget: int, eos: set[int]) -> list[int]:
 
 @torch.no_grad()
 def greedy(model: Any, prompt: list[int], budget: int, eos: set[int]) -> Greedy:
+    started = time.perf_counter()
     cache = DynamicCache()
     result = Greedy(tokens=[])
     ids = prompt
     while len(result.tokens) < budget:
-        started = time.perf_counter()
+        forward_started = time.perf_counter()
         logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1].float()
         if len(result.tokens) > 0:  # the prefill is not a decoding step
-            result.forward_seconds.append(time.perf_counter() - started)
+            result.forward_seconds.append(time.perf_counter() - forward_started)
         top = torch.topk(logits, 2)
         token = int(top.indices[0])
         result.tokens.append(token)
@@ -130,6 +133,7 @@ def greedy(model: Any, prompt: list[int], budget: int, eos: set[int]) -> Greedy:
         if token in eos:
             break
         ids = [token]
+    result.seconds = time.perf_counter() - started
     return result
 
 

@@ -85,7 +85,8 @@ def test_drafters_in_speculators_format_decode_losslessly(case, algorithm, budge
     run(*train)
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["speculators_model_type"] == algorithm and (checkpoint / "model.safetensors").is_file()
-    assert "kept" in run(*train)  # the same inputs, budget and seed: not trained again
+    if "--untrained" in budget:  # once is enough (a process start): the same inputs, budget and seed are kept
+        assert "kept" in run(*train)
 
     result = measure(case, checkpoint, checkpoint.name, "--k", "2,3", "--check-forward")
     summary = result["summary"]
