@@ -127,7 +127,7 @@ def greedy(model: Any, prompt: list[int], budget: int, eos: set[int]) -> Greedy:
         if len(result.tokens) > 0:  # the prefill is not a decoding step
             result.forward_seconds.append(time.perf_counter() - forward_started)
         top = torch.topk(logits, 2)
-        token = int(top.indices[0])
+        token = int(logits.argmax())  # as the speculative loop picks, should two logits be exactly equal
         result.tokens.append(token)
         result.margins.append(float(top.values[0] - top.values[1]))
         if token in eos:
