@@ -8,4 +8,7 @@ target.py  `make acceptance-target` (`python -m benchmarks.acceptance.target --s
 data.py    `python -m benchmarks.acceptance.data --target DIR --variant NAME`: the drafters' data made through the
            Dagster definitions (regenerated answers -> speculators export), one folder per variant (bf16, fp8,
            shifted_layers, all_tokens_mask, original_responses)
+train.py   a drafter trained with speculators' own EAGLE-3 / DFlash code on an export, saved in speculators' format
+decode.py  the greedy speculative decoding loop and the target's plain greedy decoding it must equal
+measure.py the command: any target, drafter checkpoint and prompts file -> tau per prompt and its summary
 """

@@ -59,13 +59,15 @@ def trainer_python() -> Path:
 def run_script(script: str, *args: object, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run ``scripts/<script>`` in the trainer environment with this checkout's ``hsx_dagster`` importable (without
     its Dagster dependencies: only the Dagster-free core is imported there); fails with the script's output."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    completed = subprocess.run(
-        [str(trainer_python()), str(SCRIPTS / script), *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    completed = run_trainer_python(str(SCRIPTS / script), *args, timeout=timeout)
     assert completed.returncode == 0, f"{script} failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}"
     return completed
+
+
+def run_trainer_python(*args: object, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The trainer environment's Python with ``args`` (a script, or ``-m`` and a module of this checkout, such as a
+    benchmark's command), run from the checkout with it importable; the caller judges the exit status."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [str(trainer_python()), *map(str, args)], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
