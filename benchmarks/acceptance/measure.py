@@ -67,9 +67,11 @@ def load_drafter(path: Path, target: Path) -> Any:
     """speculators' own loader, with the verifier (whose embeddings and head it reloads) set to ``target``."""
     from speculators import SpeculatorModel, SpeculatorModelConfig
 
+    from hsx_dagster.core.model import use_attn_implementation
+
     config = SpeculatorModelConfig.from_pretrained(str(path))
     config.speculators_config.verifier.name_or_path = str(target)
-    config.transformer_layer_config._attn_implementation = "eager"  # the loop passes explicit (or no) masks
+    use_attn_implementation(config.transformer_layer_config, "eager")  # the loop passes explicit (or no) masks
     return SpeculatorModel.from_pretrained(str(path), config=config)
 
 

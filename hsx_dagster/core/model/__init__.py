@@ -3,7 +3,8 @@
 - `info`: `ModelInfo`, read once from ``config.json`` and the weight index (layers, hidden size, dtype, weight
   names and their text prefix), and `check_model_dir`, which names what is missing;
 - `layers`: the layer presets (``eagle3``, ``dflash-N``) and explicit ids, resolved against the layer count;
-- `transformers_internals`: the seam over transformers' private API (attention flags, kernel fallbacks).
+- `transformers_internals`: the seam over transformers' private API (attention flags, kernel fallbacks, setting a
+  config's attention implementation).
 """
 
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         attn_implementation_in_use as attn_implementation_in_use,
         kernel_fallbacks as kernel_fallbacks,
         package_distribution as package_distribution,
+        use_attn_implementation as use_attn_implementation,
     )
 
 EXPORTS = {
@@ -43,6 +45,7 @@ EXPORTS = {
         "attn_implementation_in_use",
         "kernel_fallbacks",
         "package_distribution",
+        "use_attn_implementation",
     ],
 }
 if not TYPE_CHECKING:  # for mypy, the imports above are the package's names

@@ -120,3 +120,9 @@ def package_distribution(package: str) -> str:
 
     names = getattr(hub_kernels, "_PACKAGE_TO_DISTRIBUTION", {})
     return str(names.get(package, package.replace("_", "-")))
+
+
+def use_attn_implementation(config: Any, name: str) -> None:
+    """Make the layers built from ``config`` run attention ``name`` (e.g. "eager"): a config has no public setter,
+    only the private ``_attn_implementation`` its attention modules read at each forward."""
+    config._attn_implementation = name

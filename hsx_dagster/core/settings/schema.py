@@ -79,9 +79,8 @@ class DatasetSettings(_Section):
     )
     loss_mask: LossMask = Field(
         "assistant",
-        description="The tokens the drafter learns to predict: `assistant` (the assistant turns, end of turn "
-        "included; `thinking` decides for their reasoning) or `all` (every token, system, user and tool turns and "
-        "the template's markup included)",
+        description="The tokens the drafter learns to predict: `assistant` (assistant turns and their end; `thinking` "
+        "decides for their reasoning) or `all` (every token: system, user and tool turns, the template's markup)",
     )
     tokenize_workers: AutoOrPositive = Field(
         "auto",
