@@ -31,7 +31,6 @@ instance (the extraction step's materialization and the checks' ``checks_cpu_s_p
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -43,16 +42,15 @@ from typing import Any
 
 from benchmarks import REPO
 from benchmarks.cpu.scale_measure import Measured, run_measured
+from benchmarks.cpu.shard_run_floor_report import report, summarise
 from benchmarks.shared.host_path_runs import CHILD_FLAG, Config
-from benchmarks.shared.measure import median
-from benchmarks.shared.report import table, write_results
+from benchmarks.shared.report import write_results
 
 BIN = Path(sys.executable).parent
 MODULE = ["-m", "hsx_dagster.definitions"]
 SHARD = "shard-00"
 MEAN_TOKENS = 335  # the demo conversations' mean length in tokens (docs/benchmarks.md): sizes the input to --gb
 CONTESTANTS = ("shard run", "bare", "floor")  # "nothing left" runs right after "shard run": it needs its output
-GOAL_RATIO, GOAL_RSS_GB = 1.5, 1.5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="hidden 256, a few conversations: checks the code")
     parser.add_argument("--work", type=Path, default=REPO / "data" / "out" / "shard-run-floor")  # git-ignored
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--report-only", type=Path, help="the report again from a results JSON (its rounds)")
     parser.add_argument("--bare-child", type=Path, help=argparse.SUPPRESS)  # a settings file: the bare contestant
     parser.add_argument("--metadata-child", type=Path, help=argparse.SUPPRESS)  # a Dagster home: read back the run
     args = parser.parse_args(argv)
@@ -312,111 +311,6 @@ def _tokenized_tokens(env: dict[str, str]) -> int:
     return int(done.stdout.strip().splitlines()[-1])
 
 
-def summarise(done: dict) -> dict:
-    gb = done["shard run"]["bytes_stored"] / 1e9
-    bare = done["bare"]["load_cpu_s"] + done["bare"]["forward_cpu_s"]
-    host = done["shard run"]["cpu_s"] - done["nothing left"]["cpu_s"] - bare
-    floor = done["floor"]["inner_cpu_s"] / (done["floor"]["bytes"] / 1e9)
-    whole_bare = done["shard run"]["cpu_s"] - done["nothing left"]["cpu_s"] - done["bare"]["cpu_s"]
-    return {
-        "gb_stored": round(gb, 3),
-        "host_cpu_s_per_gb": round(host / gb, 3),
-        "floor_cpu_s_per_gb": round(floor, 3),
-        "over_floor": round(host / gb / floor, 3),
-        # the bare contestant's whole process subtracted (its start-up and imports too, which the shard run's
-        # start-up already left in "nothing left"): the lower bound
-        "host_cpu_s_per_gb_whole_bare": round(whole_bare / gb, 3),
-        "rss_over_bare_gb": round((done["shard run"]["peak_rss_bytes"] - done["bare"]["peak_rss_bytes"]) / 1e9, 3),
-        "run_reported_cpu_s_per_gb": done["shard run"]["metadata"].get("host_cpu_s_per_gb"),
-    }
-
-
-def report(rounds: list[dict], args: argparse.Namespace, command: str) -> tuple[dict, str]:
-    keys = ("gb_stored", "host_cpu_s_per_gb", "floor_cpu_s_per_gb", "over_floor", "host_cpu_s_per_gb_whole_bare",
-            "rss_over_bare_gb")  # fmt: skip
-    medians = {key: round(median([r[key] for r in rounds]), 3) for key in keys}
-    results = {
-        "date": datetime.date.today().isoformat(),
-        "command": command,
-        "settings": {
-            key: getattr(args, key)
-            for key in (
-                "gb",
-                "rounds",
-                "hidden",
-                "decoder_layers",
-                "layers",
-                "batch_size",
-                "max_batch_tokens",
-                "chunk_mb",
-            )
-        },
-        "medians": medians,
-        "goals": {"over_floor": GOAL_RATIO, "rss_over_bare_gb": GOAL_RSS_GB},
-        "rounds": rounds,
-    }
-    rows = []
-    for r in rounds:
-        gb = r["gb_stored"]
-        rows.append([
-            r["round"], gb, r["shard run"]["cpu_s"], r["nothing left"]["cpu_s"], r["bare"]["load_cpu_s"],
-            r["bare"]["forward_cpu_s"], r["bare"]["cpu_s"], r["host_cpu_s_per_gb"], r["floor_cpu_s_per_gb"],
-            r["over_floor"], r["host_cpu_s_per_gb_whole_bare"], r["rss_over_bare_gb"], r["shard run"]["wall_s"],
-            _others(r),
-        ])  # fmt: skip
-    last = rounds[-1]["shard run"]["metadata"]
-    checks = {name: value.get("checks_cpu_s_per_gb") for name, value in last.get("checks", {}).items()}
-    lines = [
-        f"# A whole shard run against the floor of its bytes ({results['date']})",
-        "",
-        f"`{command}`: a Llama {args.hidden} wide ({args.decoder_layers} decoder layers, one head of 64, MLP of 64), "
-        f"layers [{args.layers}] + final in bfloat16, batches of {args.max_batch_tokens:,} tokens x {args.batch_size} "
-        f"rows, chunks of {args.chunk_mb:g} MiB; CPU seconds of each contestant's process tree (kernel). Host = shard "
-        "run - nothing left - bare (model load + forward, measured in its process); floor = one write with fsync plus "
-        "one sha256 of the same bytes, in the same round.",
-        "",
-        table(
-            [
-                "round",
-                "GB stored",
-                "shard run CPU-s",
-                "nothing left CPU-s",
-                "bare load CPU-s",
-                "bare forward CPU-s",
-                "bare process CPU-s",
-                "host CPU-s/GB",
-                "floor CPU-s/GB",
-                "x floor",
-                "host CPU-s/GB (whole bare)",
-                "peak RSS over bare GB",
-                "shard run wall s",
-                "others' cores (min-max)",
-            ],
-            rows,
-            digits=[0, 2, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 1, 0],
-        ),
-        "",
-        f"Medians: host {medians['host_cpu_s_per_gb']} CPU-s/GB, floor {medians['floor_cpu_s_per_gb']}, "
-        f"**{medians['over_floor']}x** the floor (goal {GOAL_RATIO}x); peak RSS over the bare forward "
-        f"**{medians['rss_over_bare_gb']} GB** (goal {GOAL_RSS_GB}).",
-        "",
-        "The last round's own account (`host CPU per GB` of its materialization; total "
-        f"{last.get('host_cpu_s_per_gb')} "
-        f"CPU-s/GB, extraction alone {last.get('extraction_cpu_s_per_gb')}; {last.get('chunk writes')}):",
-        "",
-        str(last.get("host CPU per GB", "(not recorded)")),
-        "",
-        f"Shard checks' step, CPU-s per GB the run stored: {checks}.",
-        "",
-    ]
-    return results, "\n".join(lines)
-
-
-def _others(r: dict) -> str:
-    values = [r[k]["others_cores"] for k in ("shard run", "nothing left", "bare", "floor") if r[k]["others_cores"]]
-    return f"{min(values):.2f}-{max(values):.2f}" if values else "n/a"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.bare_child:
@@ -424,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.metadata_child:
         metadata_child(args.metadata_child)
+        return 0
+    if args.report_only:
+        recorded = json.loads(args.report_only.read_text(encoding="utf-8"))
+        rounds = [{**r, **summarise(r)} for r in recorded["rounds"]]
+        args.__dict__.update(recorded["settings"])
+        results, markdown = report(rounds, args, recorded["command"])
+        results["date"] = recorded["date"]
+        write_results(args.report_only.with_suffix(""), results, markdown)
         return 0
     command = " ".join(["python -m benchmarks.cpu.shard_run_floor", *(argv if argv is not None else sys.argv[1:])])
     model = args.work / f"target-h{args.hidden}-l{args.decoder_layers}"
