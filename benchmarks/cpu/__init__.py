@@ -8,6 +8,8 @@ models.py        the benchmark models and the samples they run on
 storage.py       bytes and reconstruction error per storage dtype
 memory.py        peak RSS at 1x and 10x the samples, in child processes
 tokenization.py  conversations per second of the tokenized_dataset step, 1 worker against 2
+shard_run_floor.py a whole Dagster shard run on a wide, nearly free target against one write + fsync + sha256 (#42)
+shard_run_floor_report.py its figures by round (by subtraction and by the run's own account) and report
 host_share.py    shard runs launched together on one host: PyTorch's default pool against `host_threads: auto`
 check_speed.py   the shard and drafter checks against a plain `sha256sum` of the same files
 reader_memory.py DrafterDataset's index per process at 10^6 samples, in the parent and in DataLoader workers
