@@ -11,8 +11,10 @@
 #   make bench-gpu  the GPU benchmark (one GPU): benchmarks/results/<date>-gpu.{json,md}, <date>-host-path-gpu.*
 #   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
 #   make bench-scale  every step of the pipeline at 2 x 10^4 and 2 x 10^5 conversations: benchmarks/results/<date>-scale.{json,md}
-#   make acceptance-target  the acceptance benchmark's target, trained here (cached): data/acceptance/<size>/, SIZE=ci|bench
-#   make acceptance-data    its drafters' data, every variant through the Dagster definitions (cached): .../<size>/data/
+#   make bench-acceptance  acceptance length of drafters trained on our data, against a target trained here (every step
+#               cached; about 2 hours on 2 cores from nothing): benchmarks/results/<date>-acceptance.{json,md}
+#   make acceptance-target  its target alone (cached): data/acceptance/<size>/, SIZE=ci|bench
+#   make acceptance-data    and its drafters' data, every variant through the Dagster definitions (cached): .../<size>/data/
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +22,7 @@ BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 
 .PHONY: demo test test-quick check ui bench bench-gpu bench-regen bench-scale install data instance clean trainer-env \
-	acceptance-target acceptance-data
+	acceptance-target acceptance-data bench-acceptance
 
 install: $(VENV)/.installed
 
@@ -37,10 +39,13 @@ data: install
 # The acceptance benchmark's target and data (benchmarks/acceptance/); each is rebuilt only when its recipe changes.
 SIZE ?= bench
 acceptance-target: install
-	$(BIN)/python -m benchmarks.acceptance.target --size $(SIZE) --out data/acceptance/$(SIZE)
+	$(BIN)/python -m benchmarks.acceptance.bench --size $(SIZE) --until target
 
-acceptance-data: acceptance-target
-	$(BIN)/python -m benchmarks.acceptance.data --target data/acceptance/$(SIZE) --variant all
+acceptance-data: install
+	$(BIN)/python -m benchmarks.acceptance.bench --size $(SIZE) --until data
+
+bench-acceptance: install trainer-env
+	$(BIN)/python -m benchmarks.acceptance.bench --size $(SIZE)
 
 # Slots of the `gpu` pool: one per GPU that nvidia-smi lists, 1 without GPUs (`make instance GPUS=4` to choose).
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -79,9 +84,10 @@ trainer-env: install
 	$(BIN)/python -c 'from hsx_dagster_tests.end_to_end.trainers.env import trainer_python; print(trainer_python())'
 
 # Two workers, a test module each at a time: the slow tests mostly wait on servers, subprocesses and the trainer
-# environment, and one worker's wait is the other's CPU (the whole suite on 2 cores: docs/benchmarks.md).
+# environment, and one worker's wait is the other's CPU (the whole suite on 2 cores: docs/benchmarks.md). The modules
+# in the order the suite's conftest gives them, the longest first (LONGEST_MODULES), not pytest-xdist's.
 test: data
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 test-quick: data
 	$(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=10 --ignore=hsx_dagster_tests/end_to_end

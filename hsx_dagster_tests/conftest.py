@@ -115,6 +115,27 @@ def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
     return out
 
 
+# The modules that take minutes, longest first (the fresh-clone CI run on 2 cores). `make test` runs a module per
+# worker (`--dist loadfile`) in collection order, each worker taking the next module when it is free: starting the
+# longest first keeps both workers busy to the end. pytest-xdist's own order (most tests first) ran these last, and
+# one worker alone through the tail of the longest.
+LONGEST_MODULES = (
+    "hsx_dagster_tests/end_to_end/test_browser.py",
+    "hsx_dagster_tests/end_to_end/trainers/test_acceptance.py",
+    "hsx_dagster_tests/end_to_end/test_ray_cluster.py",
+    "hsx_dagster_tests/end_to_end/test_benchmarks.py",
+    "hsx_dagster_tests/unit/regenerate/test_regeneration.py",
+    "hsx_dagster_tests/end_to_end/test_postgres.py",
+    "hsx_dagster_tests/defs/test_definitions.py",
+    "hsx_dagster_tests/end_to_end/test_reliability_crash.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {module: index for index, module in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 def pytest_unconfigure(config):
     # Interpreter shutdown garbage-collects every object torch, transformers and Dagster made: seconds per
     # process (each pytest-xdist worker too). Frozen objects are skipped, and no test is left to need them.

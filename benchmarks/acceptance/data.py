@@ -160,10 +160,11 @@ def claim_meant_layers(drafter_dir: Path) -> list[int]:
 
 def make_variant(target: Path, variant: str, out: Path, conversations: int | None, log: Any = print) -> dict[str, Any]:
     """Make the variant's data under ``out/variant`` unless its stamp matches; returns its report."""
+    target, out = target.resolve(), out.resolve()  # DAGSTER_HOME and the settings' paths must be absolute
     target_stamp = json.loads((target / TARGET_STAMP).read_text(encoding="utf-8"))
     root = out / variant
     inputs = pick_inputs(target, out, conversations)
-    settings = variant_settings(variant, target.resolve(), inputs.resolve(), (root / "out").resolve())
+    settings = variant_settings(variant, target, inputs, root / "out")
     digest = _digest({"builder": BUILDER_VERSION, "settings": settings, "target": target_stamp["digest"],
                       "inputs": hashlib.sha256(inputs.read_bytes()).hexdigest()})  # fmt: skip
     stamp = root / STAMP_NAME

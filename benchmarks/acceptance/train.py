@@ -50,7 +50,7 @@ def stamp(args: argparse.Namespace) -> str:
         _file_digest(path, digest)
     for module in (HERE, Path(build_drafter.__code__.co_filename)):
         _file_digest(module, digest)
-    budget = {k: v for k, v in sorted(vars(args).items()) if k not in ("export", "target", "out")}
+    budget = {k: v for k, v in sorted(vars(args).items()) if k not in ("export", "target", "out", "threads")}
     digest.update(json.dumps(budget, default=str).encode())
     return digest.hexdigest()
 
@@ -99,10 +99,13 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=8, help="DFlash: the block (block - 1 drafts per pass)")
     parser.add_argument("--layers", type=int, default=1, help="draft decoder layers")
     parser.add_argument("--anchors", type=int, default=64, help="DFlash: anchors per training batch")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     args.lr = args.lr or DEFAULT_LR[args.algorithm]
     args.export, args.target = args.export.resolve(), args.target.resolve()
     warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     made = stamp(args)
     if (args.out / STAMP).is_file() and json.loads((args.out / STAMP).read_text()).get("stamp") == made:
         print(f"{args.out}: already trained from the same inputs, budget and seed; kept")

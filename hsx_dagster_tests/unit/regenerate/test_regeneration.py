@@ -334,7 +334,7 @@ def test_a_killed_run_resumes_without_regenerating_or_losing_anything(tmp_path, 
 
 
 class Server:
-    """`transformers serve` on 127.0.0.1 with one model, started and killed by the test."""
+    """`transformers serve` on 127.0.0.1 with one model, started and killed by the tests."""
 
     def __init__(self, model_dir: Path, log: Path) -> None:
         self.model_dir, self.log_path = model_dir, log
@@ -368,11 +368,21 @@ class Server:
         self.process = None
 
 
-@pytest.fixture
-def server(tmp_path, demo_model_dir):
-    started = Server(demo_model_dir, tmp_path / "server.log").start()
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory, demo_model_dir):
+    started = Server(demo_model_dir, tmp_path_factory.mktemp("server") / "server.log")
     yield started
     started.kill()
+
+
+@pytest.fixture
+def server(module_server):
+    """One server for the module's tests (each start loads the model: seconds), up when a test begins: a test that
+    kills it starts it again, and one that failed before doing so leaves it to the next test to restart."""
+    if module_server.process is None or module_server.process.poll() is not None:
+        module_server.kill()
+        module_server.start()
+    return module_server
 
 
 def openai_backend(url, model_dir, *, concurrency=2, retries=1, **sampling) -> OpenAIBackend:
@@ -438,9 +448,9 @@ def test_openai_backend_server_killed_mid_run_then_restarted_resumes_exactly_onc
 
 
 @pytest.mark.slow
-def test_a_dead_endpoint_leaves_rotation_and_the_other_finishes(tmp_path, demo_model_dir, demo_conversations):
+def test_a_dead_endpoint_leaves_rotation_and_the_other_finishes(tmp_path, server, demo_model_dir, demo_conversations):
     inputs = few_conversations(demo_conversations, tmp_path, 24)
-    first = Server(demo_model_dir, tmp_path / "a.log").start()
+    first = server  # the module's, never killed here
     second = Server(demo_model_dir, tmp_path / "b.log")
     try:
         second.start()
@@ -463,7 +473,6 @@ def test_a_dead_endpoint_leaves_rotation_and_the_other_finishes(tmp_path, demo_m
         assert endpoints[second.url]["conversations"] >= 1  # it carried a share before it died
         assert check_regenerated(out, [inputs]).passed
     finally:
-        first.kill()
         second.kill()
 
 
