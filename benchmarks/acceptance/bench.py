@@ -9,8 +9,8 @@
 3. per algorithm (EAGLE-3, DFlash), variant and seed, a drafter trained by speculators' own code at one budget
    (``train.py``, in the trainer environment), kept when its stamp matches. ``shuffled`` is the control (bf16 data,
    auxiliary states shuffled between samples), ``untrained`` the initialised drafter (the floor);
-4. every drafter decoded on the target's held-out prompts (``measure.py``): EAGLE-3 at k = 3, 5 and 7, DFlash at its
-   block; kept when the drafter, the prompts and the decode settings are unchanged;
+4. every drafter decoded on the target's held-out prompts (``measure.py``): EAGLE-3 at k = 5 (and 3 and 7 for ours,
+   bf16), DFlash at its block; kept when the drafter, the prompts, the decode settings and code are unchanged;
 5. the results: a ``summary`` per algorithm and variant (tau at the headline draft length, mean over seeds, its spread,
    ``lossless``), the figures behind it, and the goals of issue #40 judged against them.
 
@@ -48,8 +48,9 @@ VARIANTS = ("bf16", "fp8", "shuffled", "shifted_layers", "all_tokens_mask", "ori
 DATA_OF = {"shuffled": "bf16", "untrained": "bf16"}  # variants that train on another variant's data
 EAGLE3_KS = (3, 5, 7)
 HEADLINE_EAGLE3_K = 5
+SWEPT = ("bf16",)  # EAGLE-3's draft lengths swept for the reference; every row at the headline k
 DATA_FACTS = ("seconds", "samples", "tokens", "supervised_tokens", "export_rows", "storage_dtype", "layers_stored",
-              "layers_claimed")  # fmt: skip
+              "layers_claimed", "speculators_data_path")  # fmt: skip
 MEASURE_VERSION = 1  # bump when a change to the decode's settings here changes what a measurement means
 
 
@@ -70,8 +71,8 @@ class Budget:
 
 
 BUDGETS = {
-    "bench": Budget(conversations=1200, eagle3_steps=200, dflash_steps=800, batch_tokens=512, eagle3_lr=3e-3,
-                    dflash_lr=1e-3, ttt_steps=3, block_size=6, prompts=None, max_new_tokens=40),
+    "bench": Budget(conversations=1200, eagle3_steps=200, dflash_steps=400, batch_tokens=512, eagle3_lr=3e-3,
+                    dflash_lr=1e-3, ttt_steps=3, block_size=6, prompts=100, max_new_tokens=32),
     "ci": Budget(conversations=240, eagle3_steps=120, dflash_steps=600, batch_tokens=512, eagle3_lr=3e-3,
                  dflash_lr=1e-3, ttt_steps=3, block_size=4, prompts=24, max_new_tokens=32),
 }  # fmt: skip
@@ -112,11 +113,12 @@ def train_drafter(target: Path, export: Path, algorithm: str, variant: str, seed
     return stdout.strip().splitlines()[-1]
 
 
-def measure_drafter(target: Path, checkpoint: Path, prompts: Path, budget: Budget, out: Path) -> dict[str, Any]:
+def measure_drafter(target: Path, checkpoint: Path, prompts: Path, budget: Budget, ks: Sequence[int],
+                    out: Path) -> dict[str, Any]:  # fmt: skip
     """``measure.py`` on the held-out prompts; a measurement of the same drafter (its training stamp), prompts and
     settings is read back instead of decoded again. A decode that differs from greedy is recorded, not fatal: the
     ``lossless`` counts carry it into the summary."""
-    settings = {"k": ",".join(map(str, EAGLE3_KS)), "max_new_tokens": budget.max_new_tokens, "limit": budget.prompts}
+    settings = {"k": ",".join(map(str, ks)), "max_new_tokens": budget.max_new_tokens, "limit": budget.prompts}
     drafter = json.loads((checkpoint / TRAINING_STAMP).read_text())["stamp"]
     made = _digest(MEASURE_VERSION, drafter, hashlib.sha256(prompts.read_bytes()).hexdigest(), settings,
                    _code_digest("decode.py", "measure.py"))  # fmt: skip
@@ -146,7 +148,7 @@ def aggregate(measured: dict[tuple[str, str, int], dict[str, Any]], budget: Budg
     """The summary (headline tau per algorithm and variant over seeds) and the full figures per k."""
     summary: dict[str, Any] = {}
     figures: dict[str, Any] = {}
-    for algorithm in ALGORITHMS:
+    for algorithm in dict.fromkeys(a for a, _, _ in measured):
         summary[algorithm], figures[algorithm] = {}, {}
         for variant in VARIANTS:
             seeds = sorted(seed for a, v, seed in measured if (a, v) == (algorithm, variant))
@@ -215,7 +217,8 @@ def judge(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(size: str, seeds: Sequence[int], jobs: int, root: Path, variants: Sequence[str] = VARIANTS,
-        until: str = "results", log: Any = print) -> dict[str, Any]:  # fmt: skip
+        until: str = "results", algorithms: Sequence[str] = ALGORITHMS,
+        log: Any = print) -> dict[str, Any]:  # fmt: skip
     """The steps up to ``until`` (target, data or results) for ``variants``; returns the results (or {})."""
     budget = BUDGETS[size]
     started = time.perf_counter()
@@ -239,7 +242,7 @@ def run(size: str, seeds: Sequence[int], jobs: int, root: Path, variants: Sequen
     # one folder per algorithm's budget: another budget's drafters are neither overwritten nor taken for these
     drafters = {a: root / "drafters" / f"{a}-{_digest(training_arguments(a, budget))[:12]}" for a in ALGORITHMS}
     prompts = root / HELD_OUT_FILE
-    cases = [(a, v, s) for s in seeds for a in ALGORITHMS for v in variants]
+    cases = [(a, v, s) for s in seeds for a in algorithms for v in variants]
 
     def one(case: tuple[str, str, int]) -> dict[str, Any]:
         algorithm, variant, seed = case
@@ -247,7 +250,9 @@ def run(size: str, seeds: Sequence[int], jobs: int, root: Path, variants: Sequen
         name = f"{algorithm}-{variant}-seed{seed}"
         checkpoint = drafters[algorithm] / f"{variant}-seed{seed}"
         log(train_drafter(root, export, algorithm, variant, seed, budget, checkpoint))
-        result = measure_drafter(root, checkpoint, prompts, budget, checkpoint.with_name(checkpoint.name + "-measure"))
+        ks = EAGLE3_KS if variant in SWEPT else (HEADLINE_EAGLE3_K,)  # DFlash: its block, whatever ks says
+        measured_in = checkpoint.with_name(checkpoint.name + "-measure")
+        result = measure_drafter(root, checkpoint, prompts, budget, ks, measured_in)
         line = result["summary"][str(headline_k(algorithm, budget))]
         kept = "measurement kept, " if result.get("kept") else ""
         log(f"{name}: {kept}tau {line['tau_micro']:.3f} at k={line['k']}, lossless {line['lossless']}")
@@ -269,7 +274,7 @@ def run(size: str, seeds: Sequence[int], jobs: int, root: Path, variants: Sequen
         "size": size,
         "budget": asdict(budget),
         "seeds": list(seeds),
-        "headline_k": {a: headline_k(a, budget) for a in ALGORITHMS},
+        "headline_k": {a: headline_k(a, budget) for a in algorithms},
         "target": {key: target_report[key] for key in ("recipe", "model", "corpus", "training", "held_out", "greedy")},
         "data": {variant: {key: report[key] for key in DATA_FACTS} for variant, report in data_reports.items()},
         "training": training,
@@ -322,7 +327,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
                       "| data | " + " | ".join(f"k = {k}" for k in EAGLE3_KS) + " |",
                       "|---|" + "---|" * len(EAGLE3_KS)]  # fmt: skip
             for variant in rows:
-                cells = [f"{result['figures'][algorithm][variant][str(k)]['tau']['mean']:.3f}" for k in EAGLE3_KS]
+                per_k = result["figures"][algorithm][variant]
+                cells = [f"{per_k[str(k)]['tau']['mean']:.3f}" if str(k) in per_k else "-" for k in EAGLE3_KS]
                 lines.append(f"| {variant} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Goals", ""]
@@ -342,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(BUDGETS), default="bench")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the table's rows (default: all)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="eagle3, dflash or both (default)")
     parser.add_argument("--until", choices=("target", "data", "results"), default="results",
                         help="stop after building the target, or the data")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="trainings and decodes at a time (one thread each)")
@@ -357,12 +364,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
-    result = run(args.size, seeds, args.jobs, root, variants, args.until, log=lambda line: print(line, flush=True))
+    algorithms = [a for a in ALGORITHMS if a in args.algorithms.split(",")]
+    result = run(args.size, seeds, args.jobs, root, variants, args.until, algorithms, lambda s: print(s, flush=True))
     if not result:
         return 0
     command = f"python -m benchmarks.acceptance.bench --size {args.size} --seeds {args.seeds}"
     if variants != list(VARIANTS):
         command += f" --variants {args.variants}"
+    if algorithms != list(ALGORITHMS):
+        command += f" --algorithms {args.algorithms}"
     stem = args.out / f"{datetime.date.today().isoformat()}-acceptance{'' if args.size == 'bench' else '-' + args.size}"
     args.out.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps({**result, "command": command}, indent=2) + "\n")
