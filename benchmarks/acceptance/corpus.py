@@ -3,10 +3,15 @@ as chat conversations, split into training and held-out items by source item.
 
 Nobody on the project wrote either text and every machine has both offline: the docstrings come with the
 interpreter (``inspect`` over a fixed list of modules), the ShareGPT sample from ../shared/data beside the
-checkout (skipped, and recorded as absent, where it is missing). A documented function becomes a question
-about it and an answer made of its signature and docstring; a module, a question about what it is for. Each
-item goes to the held-out side by a hash of its name (a function, a module, a ShareGPT id), so no held-out
-function or topic is ever trained on, by the target or by a drafter.
+checkout (skipped, and recorded as absent, where it is missing). A documented function becomes, by a hash of its
+name, one of two conversations: a question about it answered from memory (its signature and docstring), or its
+documentation pasted into the prompt with a request to summarise it, answered by its name and first paragraph
+quoted from the prompt, as assistants answer over a pasted document or retrieved context. The second kind is
+what separates a drafter that reads the target's states from one that reads tokens alone: quoting needs an
+induction circuit (find the current token earlier in the prompt, emit the one after it), which a one-layer
+drafter cannot build from token embeddings but can read off the target's states. A module becomes a question
+about what it is for. Each item goes to the held-out side by a hash of its name (a function, a module, a ShareGPT
+id), so no held-out function or topic is ever trained on, by the target or by a drafter.
 """
 
 from __future__ import annotations
@@ -171,6 +176,13 @@ QUESTIONS = (
     "Tell me about `{name}` in Python.",
 )
 MODULE_QUESTIONS = ("What is the `{name}` module for?", "What does Python's `{name}` module provide?")
+SUMMARY_REQUESTS = (
+    "Summarise the documentation of `{name}`:\n\n{doc}",
+    "Here is the docstring of `{name}`.\n\n{doc}\n\nWhat does it do?",
+    "{doc}\n\nIn short, what does `{name}` do according to this?",
+)
+PASTED_PER_MILLE = 500  # of the documented names whose item pastes the documentation into the prompt
+PASTED_CHARS = 400  # the pasted paragraphs: a prompt and its quoted answer fit one of the target's training windows
 
 
 @dataclass(frozen=True)
@@ -192,14 +204,15 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def _first_paragraphs(doc: str) -> str:
-    """Whole paragraphs from the start of ``doc`` while they fit ``ANSWER_CHARS`` (always the first)."""
+def _first_paragraphs(doc: str, limit: int = ANSWER_CHARS) -> str:
+    """Whole paragraphs from the start of ``doc`` while they fit ``limit`` characters (always the first, cut at
+    twice the limit)."""
     kept: list[str] = []
     for paragraph in doc.strip().split("\n\n"):
-        if kept and sum(len(p) + 2 for p in kept) + len(paragraph) > ANSWER_CHARS:
+        if kept and sum(len(p) + 2 for p in kept) + len(paragraph) > limit:
             break
         kept.append(paragraph.strip("\n").rstrip())
-    return "\n\n".join(kept)[: 2 * ANSWER_CHARS]
+    return "\n\n".join(kept)[: 2 * limit]
 
 
 def _signature(name: str, member: Any) -> str:
@@ -255,10 +268,20 @@ def stdlib_items() -> list[Item]:
             if doc in seen_docs:  # aliases and inherited copies: one item per text
                 continue
             seen_docs.add(doc)
+            if _hash(f"pasted:{name}") % 1000 < PASTED_PER_MILLE:
+                items.append(Item(f"python:{name}", _summary_chat(name, doc)))
+                continue
             question = QUESTIONS[_hash(name) % len(QUESTIONS)].format(name=name)
             answer = f"{_signature(name.rsplit('.', 1)[-1], member)}\n\n{_first_paragraphs(doc)}"
             items.append(Item(f"python:{name}", _chat(question, answer)))
     return items
+
+
+def _summary_chat(name: str, doc: str) -> list[dict[str, str]]:
+    """The documentation pasted into the prompt and its first paragraph quoted back, under the name."""
+    pasted = _first_paragraphs(doc, PASTED_CHARS)
+    request = SUMMARY_REQUESTS[_hash(f"request:{name}") % len(SUMMARY_REQUESTS)]
+    return _chat(request.format(name=name, doc=pasted), f"`{name}`: {pasted.split(chr(10) * 2)[0]}")
 
 
 def _chat(question: str, answer: str) -> list[dict[str, str]]:

@@ -88,8 +88,9 @@ def variant_settings(variant: str, target: Path, inputs: Path, output_dir: Path)
     }
 
 
-def _digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
+def stamp_digest(*parts: Any) -> str:
+    """What a cache stamp records: the sha256 of its parts as sorted JSON."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
 def pick_inputs(target: Path, out: Path, conversations: int | None) -> Path:
@@ -165,7 +166,7 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     root = out / variant
     inputs = pick_inputs(target, out, conversations)
     settings = variant_settings(variant, target, inputs, root / "out")
-    digest = _digest({"builder": BUILDER_VERSION, "settings": settings, "target": target_stamp["digest"],
+    digest = stamp_digest({"builder": BUILDER_VERSION, "settings": settings, "target": target_stamp["digest"],
                       "inputs": hashlib.sha256(inputs.read_bytes()).hexdigest()})  # fmt: skip
     stamp = root / STAMP_NAME
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")).get("digest") == digest:
