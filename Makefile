@@ -12,7 +12,7 @@
 #   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
 #   make bench-scale  every step of the pipeline at 2 x 10^4 and 2 x 10^5 conversations: benchmarks/results/<date>-scale.{json,md}
 #   make bench-acceptance  acceptance length of drafters trained on our data, against a target trained here (every step
-#               cached; about 2 hours on 2 cores from nothing): benchmarks/results/<date>-acceptance.{json,md}
+#               cached; about 70 minutes on 2 quiet cores from nothing): benchmarks/results/<date>-acceptance.{json,md}
 #   make acceptance-target  its target alone (cached): data/acceptance/<size>/, SIZE=ci|bench
 #   make acceptance-data    and its drafters' data, every variant through the Dagster definitions (cached): .../<size>/data/
 
