@@ -32,7 +32,7 @@ import pytest
 from hsx_dagster_tests.end_to_end.trainers.env import run_trainer_python
 from hsx_dagster_tests.support.paths import REPO
 
-pytestmark = pytest.mark.slow  # a target trained, its data made, twelve trainings and their decodes: minutes
+pytestmark = pytest.mark.slow  # a target trained, its data made, 6 EAGLE-3 and 1 DFlash trainings, decodes: minutes
 
 ROOT = REPO / "data" / "acceptance" / "ci"
 VARIANTS = "bf16,shuffled"
