@@ -4,7 +4,7 @@
 #               defs, and the layout checks; not end_to_end) without the slow tests (servers, CLI runs, kills, whole-corpus
 #               passes, the other values of sweeps: hsx_dagster_tests/support/sweeps.py), on every core, a module per
 #               worker (its module fixtures built once)
-#   make check  lint, format check and types (ruff, mypy); CI runs it before the tests
+#   make check  lint, format check and types (ruff, mypy); CI runs it beside the tests
 #   make ui     the Dagster UI on http://127.0.0.1:3000 over the same local instance
 #   make bench  the CPU benchmark (durations: docs/benchmarks.md): benchmarks/results/<date>-cpu.{json,md}, then the
 #               host path at real widths: <date>-host-path.{json,md}
@@ -12,7 +12,7 @@
 #   make bench-regen  regeneration throughput by concurrency on a local server: benchmarks/results/<date>-regeneration.{json,md}
 #   make bench-scale  every step of the pipeline at 2 x 10^4 and 2 x 10^5 conversations: benchmarks/results/<date>-scale.{json,md}
 #   make bench-acceptance  acceptance length of drafters trained on our data, against a target trained here (every step
-#               cached; about 70 minutes on 2 quiet cores from nothing): benchmarks/results/<date>-acceptance.{json,md}
+#               cached; about 90 minutes on 2 quiet cores from nothing): benchmarks/results/<date>-acceptance.{json,md}
 #   make acceptance-target  its target alone (cached): data/acceptance/<size>/, SIZE=ci|bench
 #   make acceptance-data    and its drafters' data, every variant through the Dagster definitions (cached): .../<size>/data/
 

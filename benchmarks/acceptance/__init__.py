@@ -11,6 +11,8 @@ data.py    `python -m benchmarks.acceptance.data --target DIR --variant NAME`: t
 train.py   a drafter trained with speculators' own EAGLE-3 / DFlash code on an export, saved in speculators' format
 decode.py  the greedy speculative decoding loop and the target's plain greedy decoding it must equal
 measure.py the command: any target, drafter checkpoint and prompts file -> tau per prompt and its summary
+quoting.py whether the target quotes the documentation pasted into a held-out prompt (what the drafter's states add)
+stamps.py  the cache stamps' digest: a step is redone only when what made it changed
 bench.py   `make bench-acceptance`: all of the above, cached step by step, for every variant, algorithm and seed ->
            benchmarks/results/<date>-acceptance.{json,md} (the table in docs/benchmarks.md)
 """

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO
-from benchmarks.acceptance.data import make_variant, stamp_digest
+from benchmarks.acceptance.data import make_variant
+from benchmarks.acceptance.stamps import stamp_digest
 from benchmarks.acceptance.target import DEFAULT_OUT, HELD_OUT_FILE, build_target
 from benchmarks.acceptance.train import STAMP as TRAINING_STAMP
 from hsx_dagster_tests.end_to_end.trainers.env import run_trainer_python
@@ -47,9 +48,8 @@ ALGORITHMS = ("eagle3", "dflash")
 # the rows of the table: what each shows is in docs/benchmarks.md
 VARIANTS = ("bf16", "fp8", "shuffled", "shifted_layers", "all_tokens_mask", "original_responses", "untrained")
 DATA_OF = {"shuffled": "bf16", "untrained": "bf16"}  # variants that train on another variant's data
-EAGLE3_KS = (3, 5, 7)
 HEADLINE_EAGLE3_K = 5
-SWEPT = ("bf16",)  # EAGLE-3's draft lengths swept for the reference; every row at the headline k
+SWEPT = ("bf16",)  # EAGLE-3's draft lengths (the budget's eagle3_ks) swept for the reference; every row at the headline
 DATA_FACTS = ("seconds", "samples", "tokens", "supervised_tokens", "export_rows", "storage_dtype", "layers_stored",
               "layers_claimed", "speculators_data_path")  # fmt: skip
 MEASURE_VERSION = 1  # bump when a change to the decode's settings here changes what a measurement means
@@ -67,15 +67,19 @@ class Budget:
     dflash_lr: float
     ttt_steps: int  # EAGLE-3: draft steps unrolled in training
     block_size: int  # DFlash: block - 1 drafts per pass
+    dflash_layers: int  # DFlash's draft decoder layers (speculators' recipe: 5; EAGLE-3 has one)
     prompts: int | None  # held-out prompts decoded (None: all of them)
     max_new_tokens: int
+    eagle3_ks: tuple[int, ...]  # EAGLE-3's draft lengths for the reference (SWEPT), the headline among them
 
 
 BUDGETS = {
     "bench": Budget(conversations=1200, eagle3_steps=200, dflash_steps=400, batch_tokens=512, eagle3_lr=3e-3,
-                    dflash_lr=1e-3, ttt_steps=3, block_size=6, prompts=100, max_new_tokens=32),
+                    dflash_lr=1e-3, ttt_steps=3, block_size=6, dflash_layers=5, prompts=100, max_new_tokens=32,
+                    eagle3_ks=(3, 5, 7)),
     "ci": Budget(conversations=240, eagle3_steps=120, dflash_steps=600, batch_tokens=512, eagle3_lr=3e-3,
-                 dflash_lr=1e-3, ttt_steps=3, block_size=4, prompts=24, max_new_tokens=32),
+                 dflash_lr=1e-3, ttt_steps=3, block_size=4, dflash_layers=5, prompts=24, max_new_tokens=32,
+                 eagle3_ks=(5,)),
 }  # fmt: skip
 
 
@@ -98,7 +102,7 @@ def training_arguments(algorithm: str, budget: Budget) -> list[object]:
         return ["--steps", budget.eagle3_steps, "--lr", budget.eagle3_lr, "--ttt-steps", budget.ttt_steps,
                 "--batch-tokens", budget.batch_tokens]  # fmt: skip
     return ["--steps", budget.dflash_steps, "--lr", budget.dflash_lr, "--block-size", budget.block_size,
-            "--batch-tokens", budget.batch_tokens]  # fmt: skip
+            "--layers", budget.dflash_layers, "--batch-tokens", budget.batch_tokens]  # fmt: skip
 
 
 def train_drafter(target: Path, export: Path, algorithm: str, variant: str, seed: int, budget: Budget,
@@ -247,7 +251,7 @@ def run(size: str, seeds: Sequence[int], jobs: int, root: Path, variants: Sequen
         name = f"{algorithm}-{variant}-seed{seed}"
         checkpoint = drafters[algorithm] / f"{variant}-seed{seed}"
         log(train_drafter(root, export, algorithm, variant, seed, budget, checkpoint))
-        ks = EAGLE3_KS if variant in SWEPT else (HEADLINE_EAGLE3_K,)  # DFlash: its block, whatever ks says
+        ks = budget.eagle3_ks if variant in SWEPT else (HEADLINE_EAGLE3_K,)  # DFlash: its block, whatever ks says
         measured_in = checkpoint.with_name(checkpoint.name + "-measure")
         result = measure_drafter(root, checkpoint, prompts, budget, ks, measured_in)
         line = result["summary"][str(headline_k(algorithm, budget))]
@@ -319,13 +323,14 @@ def markdown(result: dict[str, Any], command: str) -> str:
             lines.append(f"| {variant} | **{row['tau']:.3f}** | {row['tau_min']:.3f}-{row['tau_max']:.3f} | {seeds} | "
                          f"{positions} | {line['draft_cost_per_token']:.2f} | {line['implied_speedup']:.2f}x | "
                          f"{row['lossless'][0]}/{row['lossless'][1]} |")  # fmt: skip
-        if algorithm == "eagle3":
+        swept = result["budget"]["eagle3_ks"]
+        if algorithm == "eagle3" and len(swept) > 1:
             lines += ["", "tau by draft length (mean over seeds):", "",
-                      "| data | " + " | ".join(f"k = {k}" for k in EAGLE3_KS) + " |",
-                      "|---|" + "---|" * len(EAGLE3_KS)]  # fmt: skip
+                      "| data | " + " | ".join(f"k = {k}" for k in swept) + " |",
+                      "|---|" + "---|" * len(swept)]  # fmt: skip
             for variant in rows:
                 per_k = result["figures"][algorithm][variant]
-                cells = [f"{per_k[str(k)]['tau']['mean']:.3f}" if str(k) in per_k else "-" for k in EAGLE3_KS]
+                cells = [f"{per_k[str(k)]['tau']['mean']:.3f}" if str(k) in per_k else "-" for k in swept]
                 lines.append(f"| {variant} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Goals", ""]

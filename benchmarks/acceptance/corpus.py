@@ -204,7 +204,7 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def _first_paragraphs(doc: str, limit: int = ANSWER_CHARS) -> str:
+def _first_paragraphs(doc: str, limit: int = ANSWER_CHARS) -> list[str]:
     """Whole paragraphs from the start of ``doc`` while they fit ``limit`` characters (always the first, cut at
     twice the limit)."""
     kept: list[str] = []
@@ -212,7 +212,7 @@ def _first_paragraphs(doc: str, limit: int = ANSWER_CHARS) -> str:
         if kept and sum(len(p) + 2 for p in kept) + len(paragraph) > limit:
             break
         kept.append(paragraph.strip("\n").rstrip())
-    return "\n\n".join(kept)[: 2 * limit]
+    return [kept[0][: 2 * limit], *kept[1:]]  # only a first paragraph alone can pass the limit
 
 
 def _signature(name: str, member: Any) -> str:
@@ -263,7 +263,7 @@ def stdlib_items() -> list[Item]:
         module_doc = inspect.getdoc(module)
         if module_doc:
             question = MODULE_QUESTIONS[_hash(module_name) % len(MODULE_QUESTIONS)].format(name=module_name)
-            items.append(Item(f"module:{module_name}", _chat(question, _first_paragraphs(module_doc))))
+            items.append(Item(f"module:{module_name}", _chat(question, "\n\n".join(_first_paragraphs(module_doc)))))
         for name, member, doc in _documented(module):
             if doc in seen_docs:  # aliases and inherited copies: one item per text
                 continue
@@ -272,16 +272,16 @@ def stdlib_items() -> list[Item]:
                 items.append(Item(f"python:{name}", _summary_chat(name, doc)))
                 continue
             question = QUESTIONS[_hash(name) % len(QUESTIONS)].format(name=name)
-            answer = f"{_signature(name.rsplit('.', 1)[-1], member)}\n\n{_first_paragraphs(doc)}"
+            answer = "\n\n".join([_signature(name.rsplit(".", 1)[-1], member), *_first_paragraphs(doc)])
             items.append(Item(f"python:{name}", _chat(question, answer)))
     return items
 
 
 def _summary_chat(name: str, doc: str) -> list[dict[str, str]]:
     """The documentation pasted into the prompt and its first paragraph quoted back, under the name."""
-    pasted = _first_paragraphs(doc, PASTED_CHARS)
+    paragraphs = _first_paragraphs(doc, PASTED_CHARS)
     request = SUMMARY_REQUESTS[_hash(f"request:{name}") % len(SUMMARY_REQUESTS)]
-    return _chat(request.format(name=name, doc=pasted), f"`{name}`: {pasted.split(chr(10) * 2)[0]}")
+    return _chat(request.format(name=name, doc="\n\n".join(paragraphs)), f"`{name}`: {paragraphs[0]}")
 
 
 def _chat(question: str, answer: str) -> list[dict[str, str]]:

@@ -42,12 +42,14 @@ from typing import Any
 import yaml
 
 from benchmarks import REPO
+from benchmarks.acceptance.stamps import stamp_digest
 from benchmarks.acceptance.target import STAMP_NAME as TARGET_STAMP, TRAIN_FILE
 
 BUILDER_VERSION = 1  # bump when a change here changes what a variant's folder holds
 VARIANTS = ("bf16", "fp8", "shifted_layers", "all_tokens_mask", "original_responses")
 REGENERATING = tuple(v for v in VARIANTS if v != "original_responses")
 STAMP_NAME = ".data-stamp.json"
+BUILDING_NAME = ".data-building.json"  # the inputs a build under way is making: an interrupted one resumes
 SPECULATORS_LAYERS = (1, 3, 4, 7)  # model.layers: speculators for 8 decoder layers: [1, N//2 - 1, N - 4, N - 1]
 MAX_NEW_TOKENS = 192  # per regenerated answer: the corpus' answers are a few dozen to ~200 tokens
 
@@ -86,11 +88,6 @@ def variant_settings(variant: str, target: Path, inputs: Path, output_dir: Path)
         },
         "export": {"speculators": True},
     }
-
-
-def stamp_digest(*parts: Any) -> str:
-    """What a cache stamp records: the sha256 of its parts as sorted JSON."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
 def pick_inputs(target: Path, out: Path, conversations: int | None) -> Path:
@@ -168,16 +165,21 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     settings = variant_settings(variant, target, inputs, root / "out")
     digest = stamp_digest({"builder": BUILDER_VERSION, "settings": settings, "target": target_stamp["digest"],
                       "inputs": hashlib.sha256(inputs.read_bytes()).hexdigest()})  # fmt: skip
-    stamp = root / STAMP_NAME
+    stamp, building = root / STAMP_NAME, root / BUILDING_NAME
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")).get("digest") == digest:
         log(f"{variant} data in {root} is up to date ({stamp})")
         return dict(json.loads((root / "report.json").read_text(encoding="utf-8")))
-    stamp.unlink(missing_ok=True)
+    if not (building.is_file() and json.loads(building.read_text(encoding="utf-8")).get("digest") == digest):
+        # made from other inputs (or never): its instance and outputs belong to them, and the pipeline rightly
+        # refuses to mix their chunks with new ones; an interrupted build of these inputs resumes instead
+        shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    building.write_text(json.dumps({"digest": digest, "target": target_stamp["digest"]}) + "\n", encoding="utf-8")
     project = Project(root, settings, log)
     project.prepare()
     project.run("observe_inputs", "dagster", "job", "execute", "-m", "hsx_dagster.definitions", "-j", "observe_inputs")
     if settings["regenerate"]["enabled"]:
-        _seed_regenerated(out, variant, project.output_dir / "regenerated", log)
+        _seed_regenerated(out, variant, target_stamp["digest"], project.output_dir / "regenerated", log)
         project.materialize("regenerated_conversations")
     project.materialize("tokenized_dataset")
     project.run("hidden_states", "python", "-m", "hsx_dagster.launch", "shard-00")
@@ -188,17 +190,21 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     project.materialize("speculators_dataset")
     report = _report(variant, project, stored, digest)
     (root / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    stamp.write_text(json.dumps({"digest": digest, "variant": variant}) + "\n", encoding="utf-8")
+    stamp.write_text(json.dumps({"digest": digest, "variant": variant, "target": target_stamp["digest"]}) + "\n",
+                     encoding="utf-8")  # fmt: skip
+    building.unlink()
     return report
 
 
-def _seed_regenerated(out: Path, variant: str, regenerated: Path, log: Any) -> None:
-    """Start from another variant's complete regenerated answers (same target, inputs and settings), if any."""
+def _seed_regenerated(out: Path, variant: str, target_digest: str, regenerated: Path, log: Any) -> None:
+    """Start from the complete regenerated answers of another variant made from the same target (its stamp says
+    so; the inputs file is shared), if any."""
     if regenerated.exists():
         return
     for other in REGENERATING:
-        source = out / other / "out" / "regenerated"
-        if other != variant and (source / "conversations.jsonl").is_file():
+        source, other_stamp = out / other / "out" / "regenerated", out / other / STAMP_NAME
+        made_here = other_stamp.is_file() and json.loads(other_stamp.read_text()).get("target") == target_digest
+        if other != variant and made_here and (source / "conversations.jsonl").is_file():
             shutil.copytree(source, regenerated, ignore=shutil.ignore_patterns(".lock"))
             log(f"[{variant}] regenerated answers copied from {other}; regenerated_conversations resumes them")
             return

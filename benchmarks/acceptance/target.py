@@ -19,7 +19,6 @@ pure function of the corpus (hsx_dagster/demo/tokenizer.py), and the loop runs o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from typing import Any
 
 from benchmarks import REPO
 from benchmarks.acceptance.corpus import Item, build_items, held_out_prompts, write_jsonl
+from benchmarks.acceptance.stamps import stamp_digest
 
 BUILDER_VERSION = 1  # bump when a change here changes the bytes built
 STAMP_NAME = ".target-stamp.json"
@@ -74,16 +74,14 @@ GREEDY_TOKENS = 100
 
 
 def _digest(recipe: Recipe, items: Sequence[Item]) -> str:
-    blob = json.dumps(
+    return stamp_digest(
         {
             "builder_version": BUILDER_VERSION,
             "recipe": asdict(recipe),
             "items": [item.record() for item in items],
             "versions": {name: version(name) for name in ("torch", "transformers", "tokenizers")},
-        },
-        sort_keys=True,
+        }
     )
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def is_up_to_date(out: Path, digest: str) -> bool:

@@ -87,7 +87,7 @@ def test_drafters_are_in_speculators_format_and_drafted_as_its_forward_drafts(be
     export = Path(bench["data"]["bf16"]["speculators_data_path"])
     dflash = tmp_path / "dflash-bf16-seed0"  # trained by the benchmark's trainer on the benchmark's data
     done = run_trainer_python("-m", "benchmarks.acceptance.train", "--export", export, "--target", ROOT / "model",
-                              "--algorithm", "dflash", "--out", dflash, "--steps", 100, "--block-size", 4,
+                              "--algorithm", "dflash", "--out", dflash, "--steps", 30, "--block-size", 4,
                               "--batch-tokens", 512, "--threads", 1, timeout=900)  # fmt: skip
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     eagle3 = Path(bench["training"]["eagle3-bf16-seed0"]["checkpoint"])
