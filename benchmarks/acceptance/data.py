@@ -174,7 +174,7 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
         # refuses to mix their chunks with new ones; an interrupted build of these inputs resumes instead
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    building.write_text(json.dumps({"digest": digest, "target": target_stamp["digest"]}) + "\n", encoding="utf-8")
+    building.write_text(json.dumps({"digest": digest}) + "\n", encoding="utf-8")
     project = Project(root, settings, log)
     project.prepare()
     project.run("observe_inputs", "dagster", "job", "execute", "-m", "hsx_dagster.definitions", "-j", "observe_inputs")

@@ -18,21 +18,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.acceptance.corpus import SUMMARY_REQUESTS
 from benchmarks.acceptance.target import DEFAULT_OUT, HELD_OUT_FILE, MODEL_DIR
 
 
 def pasted_prompts(path: Path) -> list[dict]:
-    """The held-out prompts whose request pastes documentation (``corpus.SUMMARY_REQUESTS``) and whose reference
-    quotes it."""
-    markers = [request.split("{")[0] or request.split("}")[-1] for request in SUMMARY_REQUESTS]
+    """The held-out prompts of documented functions whose reference quotes the prompt (``corpus._summary_chat``:
+    `` `name`: `` and a paragraph pasted in the request)."""
     picked = []
     for line in path.read_text(encoding="utf-8").splitlines():
         prompt = json.loads(line)
-        asked, reference = prompt["messages"][-1]["content"], prompt["reference"]
-        if not (reference and prompt["id"].startswith("python:") and any(m in asked for m in markers)):
-            continue
-        if reference.split("`: ", 1)[-1] in asked:
+        reference, asked = prompt["reference"] or "", prompt["messages"][-1]["content"]
+        if prompt["id"].startswith("python:") and "`: " in reference and reference.split("`: ", 1)[1] in asked:
             picked.append(prompt)
     return picked
 
