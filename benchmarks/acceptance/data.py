@@ -165,16 +165,9 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     settings = variant_settings(variant, target, inputs, root / "out")
     digest = stamp_digest({"builder": BUILDER_VERSION, "settings": settings, "target": target_stamp["digest"],
                       "inputs": hashlib.sha256(inputs.read_bytes()).hexdigest()})  # fmt: skip
-    stamp, building = root / STAMP_NAME, root / BUILDING_NAME
-    if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")).get("digest") == digest:
-        log(f"{variant} data in {root} is up to date ({stamp})")
+    if claim_folder(root, digest) == "up to date":
+        log(f"{variant} data in {root} is up to date ({root / STAMP_NAME})")
         return dict(json.loads((root / "report.json").read_text(encoding="utf-8")))
-    if not (building.is_file() and json.loads(building.read_text(encoding="utf-8")).get("digest") == digest):
-        # made from other inputs (or never): its instance and outputs belong to them, and the pipeline rightly
-        # refuses to mix their chunks with new ones; an interrupted build of these inputs resumes instead
-        shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    building.write_text(json.dumps({"digest": digest}) + "\n", encoding="utf-8")
     project = Project(root, settings, log)
     project.prepare()
     project.run("observe_inputs", "dagster", "job", "execute", "-m", "hsx_dagster.definitions", "-j", "observe_inputs")
@@ -190,10 +183,31 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     project.materialize("speculators_dataset")
     report = _report(variant, project, stored, digest)
     (root / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    stamp.write_text(json.dumps({"digest": digest, "variant": variant, "target": target_stamp["digest"]}) + "\n",
-                     encoding="utf-8")  # fmt: skip
-    building.unlink()
+    made = {"digest": digest, "variant": variant, "target": target_stamp["digest"]}
+    (root / STAMP_NAME).write_text(json.dumps(made) + "\n", encoding="utf-8")
+    (root / BUILDING_NAME).unlink()
     return report
+
+
+def claim_folder(root: Path, digest: str) -> str:
+    """Ready ``root`` for the variant whose inputs have ``digest``: "up to date" (its stamp matches: nothing to do),
+    "resumed" (an interrupted build of the same inputs: kept as it is) or "started" (emptied first), the last two
+    with a marker naming the digest being built."""
+    stamp, building = root / STAMP_NAME, root / BUILDING_NAME
+    if _digest_in(stamp) == digest:
+        return "up to date"
+    resumed = _digest_in(building) == digest
+    if not resumed:
+        # made from other inputs (or never): its instance and outputs belong to them, and the pipeline rightly
+        # refuses to mix their chunks with new ones
+        shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    building.write_text(json.dumps({"digest": digest}) + "\n", encoding="utf-8")
+    return "resumed" if resumed else "started"
+
+
+def _digest_in(path: Path) -> str | None:
+    return json.loads(path.read_text(encoding="utf-8")).get("digest") if path.is_file() else None
 
 
 def _seed_regenerated(out: Path, variant: str, target_digest: str, regenerated: Path, log: Any) -> None:

@@ -59,13 +59,15 @@ class Recipe:
     threads: int = 2
 
 
-# ci: built by the test suite and CI in a couple of minutes; bench: what `make bench-acceptance` measures against
+# ci: built by the test suite and CI in a couple of minutes, on one thread (CI builds it beside the tests: a second
+# thread waiting on a core someone else holds made the build seven times slower there); bench: what
+# `make bench-acceptance` measures against
 # (about 15 minutes on 2 quiet cores: 1,600 steps, enough for its held-out perplexity to halve as it learns to quote
 # the pasted documentation, which 450 steps did not reach). Both have 8 decoder layers: eagle3 takes [1, 3, 4],
 # dflash-5 [1, 2, 3, 4, 5].
 SIZES = {
     "ci": Recipe(hidden_size=64, num_layers=8, vocab_size=1536, seq_len=128, batch_size=16, steps=200,
-                 learning_rate=3e-3, warmup_steps=20),
+                 learning_rate=3e-3, warmup_steps=20, threads=1),
     "bench": Recipe(hidden_size=128, num_layers=8, vocab_size=2048, seq_len=256, batch_size=8, steps=1600,
                     learning_rate=3e-3, warmup_steps=80),
 }  # fmt: skip
