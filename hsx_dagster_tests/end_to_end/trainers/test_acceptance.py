@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.acceptance.data import BUILDING_NAME, STAMP_NAME, claim_folder
 from hsx_dagster_tests.end_to_end.trainers.env import run_trainer_python
 from hsx_dagster_tests.support.paths import REPO
 
@@ -118,28 +117,3 @@ def test_a_second_run_redoes_nothing_and_gives_the_same_summary(bench, tmp_path)
     cases = len(VARIANTS.split(",")) * len(SEEDS)
     assert stdout.count("is up to date") == 2, stdout  # the target and the bf16 data
     assert stdout.count("already trained") == stdout.count("measurement kept") == cases, stdout
-
-
-def test_a_data_folder_made_from_other_inputs_starts_empty_and_an_interrupted_one_resumes(tmp_path):
-    """The data cache: a variant's folder made from other inputs (a rebuilt target, changed settings) must not keep
-    its chunks and instance (the pipeline refuses to mix them with new ones); a build of the same inputs that was
-    interrupted keeps what it made; a finished one is not touched."""
-    root = tmp_path / "bf16"
-    leftover = root / "out" / "hidden_states" / "shard-00" / "chunk-00000.safetensors"
-    leftover.parent.mkdir(parents=True)
-    leftover.write_bytes(b"made from other inputs")
-    (root / STAMP_NAME).write_text(json.dumps({"digest": "old"}))
-    assert claim_folder(root, "new") == "started"
-    assert not leftover.exists() and not (root / STAMP_NAME).exists()
-
-    leftover.parent.mkdir(parents=True)
-    leftover.write_bytes(b"made from these inputs, then interrupted")
-    assert claim_folder(root, "new") == "resumed" and leftover.exists()
-    assert claim_folder(root, "newer") == "started" and not leftover.exists()
-
-    leftover.parent.mkdir(parents=True)
-    leftover.write_bytes(b"finished")
-    (root / BUILDING_NAME).unlink()
-    (root / STAMP_NAME).write_text(json.dumps({"digest": "newer"}))
-    assert claim_folder(root, "newer") == "up to date" and leftover.exists()
-    assert not (root / BUILDING_NAME).exists()
