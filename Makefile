@@ -83,12 +83,11 @@ demo: data instance
 trainer-env: install
 	$(BIN)/python -c 'from hsx_dagster_tests.end_to_end.trainers.env import trainer_python; print(trainer_python())'
 
-# Three workers on 2 cores, a test module each at a time: the slow tests mostly wait on servers, subprocesses, the
-# trainer environment and the acceptance prebuild, and one worker's wait is another's CPU (the whole suite on 2 cores:
-# docs/benchmarks.md). The modules in the order the suite's conftest gives them, the longest first (LONGEST_MODULES),
-# not pytest-xdist's.
+# Two workers, a test module each at a time: the slow tests mostly wait on servers, subprocesses and the trainer
+# environment, and one worker's wait is the other's CPU (the whole suite on 2 cores: docs/benchmarks.md). The modules
+# in the order the suite's conftest gives them, the longest first (LONGEST_MODULES), not pytest-xdist's.
 test: data
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 test-quick: data
 	$(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=10 --ignore=hsx_dagster_tests/end_to_end

@@ -117,7 +117,7 @@ def tokenized(small_inputs, demo_model_dir, tmp_path_factory) -> Path:
 
 # The modules that take minutes, longest first (the fresh-clone CI run on 2 cores). `make test` runs a module per
 # worker (`--dist loadfile`) in collection order, each worker taking the next module when it is free: starting the
-# longest first keeps every worker busy to the end. pytest-xdist's own order (most tests first) ran these last, and
+# longest first keeps both workers busy to the end. pytest-xdist's own order (most tests first) ran these last, and
 # one worker alone through the tail of the longest.
 LONGEST_MODULES = (
     "hsx_dagster_tests/end_to_end/test_browser.py",
