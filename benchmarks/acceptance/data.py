@@ -165,7 +165,7 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     settings = variant_settings(variant, target, inputs, root / "out")
     digest = stamp_digest({"builder": BUILDER_VERSION, "settings": settings, "target": target_stamp["digest"],
                       "inputs": hashlib.sha256(inputs.read_bytes()).hexdigest()})  # fmt: skip
-    if claim_folder(root, digest) == "up to date":
+    if claim_folder(root, digest):
         log(f"{variant} data in {root} is up to date ({root / STAMP_NAME})")
         return dict(json.loads((root / "report.json").read_text(encoding="utf-8")))
     project = Project(root, settings, log)
@@ -189,21 +189,20 @@ def make_variant(target: Path, variant: str, out: Path, conversations: int | Non
     return report
 
 
-def claim_folder(root: Path, digest: str) -> str:
-    """Ready ``root`` for the variant whose inputs have ``digest``: "up to date" (its stamp matches: nothing to do),
-    "resumed" (an interrupted build of the same inputs: kept as it is) or "started" (emptied first), the last two
-    with a marker naming the digest being built."""
+def claim_folder(root: Path, digest: str) -> bool:
+    """Whether ``root`` already holds the finished variant of inputs ``digest`` (its stamp matches); if not, ready it
+    for the build, with a marker naming the digest: an interrupted build of the same inputs is kept and resumes,
+    anything else is emptied first."""
     stamp, building = root / STAMP_NAME, root / BUILDING_NAME
     if _digest_in(stamp) == digest:
-        return "up to date"
-    resumed = _digest_in(building) == digest
-    if not resumed:
+        return True
+    if _digest_in(building) != digest:
         # made from other inputs (or never): its instance and outputs belong to them, and the pipeline rightly
         # refuses to mix their chunks with new ones
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     building.write_text(json.dumps({"digest": digest}) + "\n", encoding="utf-8")
-    return "resumed" if resumed else "started"
+    return False
 
 
 def _digest_in(path: Path) -> str | None:
